@@ -1,0 +1,15 @@
+"""gpufeed: find out why a PyTorch training job leaves its GPU idle, and fix it.
+
+Importing ``gpufeed`` is cheap (the probe runs inside training processes and must stay light):
+the Python API is loaded on first use.
+"""
+from gpufeed._version import __version__
+
+__all__ = ["__version__", "profile", "analyze"]
+
+
+def __getattr__(name: str):
+    if name in ("profile", "analyze"):
+        from gpufeed import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")

@@ -1,0 +1,247 @@
+"""Load a run directory into typed, array-backed objects for the analysis.
+
+A run that crashed or was killed leaves torn last lines and no end in ``meta.json``: they are
+read as far as they go, and each gap becomes a warning rather than an error. Only a directory with
+no readable ``meta.json``, or one written by a newer gpufeed, is refused.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from gpufeed.record import schema
+
+
+class RecordError(Exception):
+    """The run directory cannot be read at all; the message names what is missing."""
+
+
+@dataclass
+class IteratorRecord:
+    """One DataLoader iterator (one epoch, or several with persistent workers)."""
+
+    pid: int
+    iter_id: int
+    loader_id: int
+    t_created: float
+    t_ready: float
+    worker_pids: list[int]
+    config: schema.LoaderConfig
+    steps: np.ndarray     # (n, 4): schema.STEP_COLUMNS
+    cuda: np.ndarray      # (m, 5): schema.CUDA_COLUMNS; mem columns NaN where not sampled
+    epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """(pid, loader_id): iterators of one DataLoader object share it."""
+        return (self.pid, self.loader_id)
+
+
+@dataclass
+class FetchRecord:
+    """The batches one process produced (a worker, or the main process when num_workers=0)."""
+
+    pid: int
+    worker_id: int | None
+    torch_threads: int | None
+    rows: np.ndarray      # (k, 4): schema.FETCH_COLUMNS
+
+
+@dataclass
+class Samples:
+    """The sampler's timeline as arrays (NaN where a reading was missing)."""
+
+    t: np.ndarray                 # (n,)
+    cpu_pct: np.ndarray           # (n, cores) busy % per core
+    iowait_pct: np.ndarray        # (n,)
+    mem_used_b: np.ndarray        # (n,)
+    mem_total_b: float
+    procs: list[list[list[Any]]]  # per sample: rows of schema.PROC_COLUMNS
+    gpus: dict[int, dict[str, np.ndarray]]  # index -> util_pct, mem_used_b, mem_total_b (each (n,))
+    gpu_procs: list[dict[int, dict[int, int]]]  # per sample: gpu index -> pid -> used bytes
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+
+@dataclass
+class RunRecord:
+    run_dir: Path
+    meta: schema.RunMeta
+    processes: list[dict[str, Any]]
+    iterators: list[IteratorRecord]
+    fetches: list[FetchRecord]
+    h2d: np.ndarray               # (k, 4): schema.H2D_COLUMNS
+    samples: Samples
+    stalls: list[dict[str, Any]]
+    exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
+    warnings: list[str]
+
+    @property
+    def worker_pids(self) -> set[int]:
+        return {pid for it in self.iterators for pid in it.worker_pids}
+
+    def stacks(self) -> dict[int, str]:
+        """Python stacks dumped at a stall, per pid (empty files left out)."""
+        out = {}
+        for path in sorted((self.run_dir / schema.STACKS_DIR).glob("*.txt")):
+            text = path.read_text(errors="replace").strip()
+            if text and path.stem.isdigit():
+                out[int(path.stem)] = text
+        return out
+
+
+def _lines(path: Path, warnings: list[str]) -> Iterator[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        warnings.append(f"{path.name}: unreadable ({error.strerror})")
+        return
+    bad = 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(obj, dict):
+            yield obj
+    if bad:
+        warnings.append(f"{path.parent.name}/{path.name}: skipped {bad} truncated line(s)")
+
+
+def _rows(rows: list[list[Any]], width: int) -> np.ndarray:
+    if not rows:
+        return np.empty((0, width))
+    return np.array([[np.nan if v is None else float(v) for v in r[:width]] for r in rows], dtype=float)
+
+
+def load_meta(run_dir: str | Path) -> schema.RunMeta:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RecordError(f"{run_dir} is not a directory (expected a gpufeed run directory).")
+    meta_path = run_dir / schema.META_FILE
+    try:
+        raw = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecordError(f"{run_dir} has no {schema.META_FILE}: it is not a gpufeed run directory.") from None
+    except (OSError, ValueError) as error:
+        raise RecordError(f"{meta_path} is unreadable or truncated ({error}).") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+        raise RecordError(f"{meta_path} has no schema_version: it was not written by gpufeed.")
+    if raw["schema_version"] > schema.SCHEMA_VERSION:
+        raise RecordError(f"{run_dir} uses run-record schema {raw['schema_version']}, newer than this "
+                          f"gpufeed understands ({schema.SCHEMA_VERSION}): upgrade gpufeed to read it.")
+    try:
+        return schema.RunMeta.from_dict(raw)
+    except TypeError as error:
+        raise RecordError(f"{meta_path} is missing fields ({error}).") from None
+
+
+def load_run(run_dir: str | Path) -> RunRecord:
+    run_dir = Path(run_dir)
+    meta = load_meta(run_dir)
+    warnings: list[str] = []
+    if meta.end_reason is None:
+        warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
+
+    processes, stalls, exits = [], [], {}
+    iterators: dict[tuple[int, int], dict[str, Any]] = {}
+    step_rows: dict[tuple[int, int], list] = {}
+    cuda_rows: dict[tuple[int, int], list] = {}
+    epochs: dict[tuple[int, int], list[float]] = {}
+    fetches: dict[int, dict[str, Any]] = {}
+    h2d_rows: list = []
+    event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
+    for path in event_files:
+        for ev in _lines(path, warnings):
+            kind, pid = ev.get("kind"), ev.get("pid")
+            key = (pid, ev.get("iter_id"))
+            if kind == "process":
+                processes.append(ev)
+            elif kind == "iterator":
+                iterators[key] = ev
+            elif kind == "steps":
+                step_rows.setdefault(key, []).extend(ev.get("rows", []))
+            elif kind == "cuda":
+                cuda_rows.setdefault(key, []).extend(ev.get("rows", []))
+            elif kind == "epoch":
+                epochs.setdefault(key, []).append(ev.get("t"))
+            elif kind == "fetches":
+                f = fetches.setdefault(pid, {"worker_id": ev.get("worker_id"),
+                                             "torch_threads": ev.get("torch_threads"), "rows": []})
+                f["rows"].extend(ev.get("rows", []))
+            elif kind == "h2d":
+                h2d_rows.extend(ev.get("rows", []))
+            elif kind == "stall":
+                stalls.append(ev)
+            elif kind == "exit":
+                exits[pid] = ev.get("reason")
+    if not (run_dir / schema.EVENTS_DIR).is_dir():
+        warnings.append(f"no {schema.EVENTS_DIR}/ folder: nothing was recorded inside the command")
+
+    iterator_records = []
+    for key, ev in sorted(iterators.items(), key=lambda kv: kv[1].get("t_created", 0.0)):
+        steps = _rows(step_rows.get(key, []), len(schema.STEP_COLUMNS))
+        if len(steps):
+            steps = steps[np.argsort(steps[:, 0], kind="stable")]
+        iterator_records.append(IteratorRecord(
+            pid=ev["pid"], iter_id=ev["iter_id"], loader_id=ev.get("loader_id", 0),
+            t_created=ev["t_created"], t_ready=ev.get("t_ready", ev["t_created"]),
+            worker_pids=list(ev.get("worker_pids") or []),
+            config=schema.LoaderConfig.from_dict(ev.get("config", {})),
+            steps=steps, cuda=_rows(cuda_rows.get(key, []), len(schema.CUDA_COLUMNS)),
+            epoch_starts=sorted(epochs.get(key, [])),
+        ))
+    fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
+                                 rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))
+                     for pid, f in sorted(fetches.items())]
+    return RunRecord(
+        run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
+        fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
+        samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
+        stalls=stalls, exits=exits, warnings=warnings,
+    )
+
+
+def _num(value: Any) -> float:
+    return np.nan if value is None else float(value)
+
+
+def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
+    lines = list(_lines(path, warnings)) if path.exists() else []
+    if not path.exists():
+        warnings.append(f"no {schema.SAMPLES_FILE}: no host or GPU timeline")
+    cores = max((len(s.get("cpu_pct") or []) for s in lines), default=cpu_count)
+    cpu = np.full((len(lines), cores), np.nan)
+    gpus: dict[int, dict[str, np.ndarray]] = {}
+    gpu_procs: list[dict[int, dict[int, int]]] = []
+    for i, s in enumerate(lines):
+        row = [_num(v) for v in (s.get("cpu_pct") or [])][:cores]
+        cpu[i, :len(row)] = row
+        procs_here: dict[int, dict[int, int]] = {}
+        for g in s.get("gpus") or []:
+            idx = int(g.get("index", 0))
+            arrays = gpus.setdefault(idx, {k: np.full(len(lines), np.nan)
+                                           for k in ("util_pct", "mem_used_b", "mem_total_b")})
+            for k in arrays:
+                arrays[k][i] = _num(g.get(k))
+            procs_here[idx] = {int(p): int(b) for p, b in (g.get("procs") or {}).items()}
+        gpu_procs.append(procs_here)
+    totals = [s.get("mem_total_b") for s in lines if s.get("mem_total_b")]
+    return Samples(
+        t=np.array([_num(s.get("t")) for s in lines]),
+        cpu_pct=cpu,
+        iowait_pct=np.array([_num(s.get("iowait_pct")) for s in lines]),
+        mem_used_b=np.array([_num(s.get("mem_used_b")) for s in lines]),
+        mem_total_b=float(totals[-1]) if totals else np.nan,
+        procs=[s.get("procs") or [] for s in lines],
+        gpus=gpus,
+        gpu_procs=gpu_procs,
+    )

@@ -1,0 +1,123 @@
+"""Schema of the run record (version 1). ``docs/run-record.md`` is the prose version.
+
+A run directory holds::
+
+    meta.json            RunMeta: the command, the host, how and why the run ended
+    events/<pid>.jsonl   events from each instrumented Python process (and its DataLoader workers)
+    samples.jsonl        the outside sampler's timeline (host CPU, memory, process tree, GPUs)
+    stderr.log           the command's standard error, as the user saw it
+    stacks/<pid>.txt     Python stacks of a stalled loader's processes (only after a stall)
+    stall.json           the stall, as the probe saw it (only after a stall)
+    steps-reached        present when gpufeed ended the command after ``--steps``
+
+Times are seconds on the host's monotonic clock (``time.perf_counter()``, which on Linux is
+CLOCK_MONOTONIC and so comparable across processes of one host). ``RunMeta.clock_offset_s``
+converts them to Unix time. Sizes are bytes, shares are fractions in [0, 1], percentages are
+named ``*_pct``. A reading that could not be taken is ``null``, never 0.
+
+Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind``:
+
+``process``   pid, ppid, argv, rank, local_rank, world_size (null outside torchrun),
+              torch_version, t
+``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields)
+``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
+``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples]
+``fetches``   pid, worker_id (null in the main process), torch_threads,
+              rows of [t_start, t_end, cpu_s, samples]: one dataset fetch (one batch) each
+``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
+``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
+``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
+``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit")
+
+Sample lines (``samples.jsonl``)::
+
+    {"t", "cpu_pct": [per core], "iowait_pct", "mem_used_b", "mem_total_b",
+     "procs": [[pid, ppid, cpu_pct, threads, status, rss_b], ...],
+     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b}}]}
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+META_FILE = "meta.json"
+EVENTS_DIR = "events"
+SAMPLES_FILE = "samples.jsonl"
+STDERR_FILE = "stderr.log"
+STACKS_DIR = "stacks"
+STALL_MARKER = "stall.json"          # written by the probe when a loader stalls: the runner acts on it
+STEPS_REACHED_MARKER = "steps-reached"  # written by the probe when it ended the run after --steps
+
+# Column names of the row-oriented event kinds, so readers never index by magic number.
+STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples")
+FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
+CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
+H2D_COLUMNS = ("t", "bytes", "host_s", "pinned")
+PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
+
+# How a run ended (RunMeta.end_reason).
+END_COMPLETED = "completed"          # the command exited 0 by itself
+END_STEPS_REACHED = "steps_reached"  # gpufeed ended it after --steps measured steps
+END_FAILED = "failed"                # the command exited non-zero or was killed by a signal
+END_INTERRUPTED = "interrupted"      # Ctrl-C
+END_STALLED = "stalled"              # no batch for --stall-timeout seconds
+END_NOT_STARTED = "not_started"      # the command could not be started
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """The DataLoader settings that decide how fast it can feed the step."""
+
+    num_workers: int
+    pin_memory: bool
+    prefetch_factor: int | None
+    persistent_workers: bool
+    batch_size: int | None
+    drop_last: bool
+    dataset_type: str
+    dataset_len: int | None
+    iterable: bool
+    sampler: str
+    batch_sampler: str | None
+    multiprocessing_context: str | None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "LoaderConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclass
+class RunMeta:
+    """``meta.json``: written when the run starts and rewritten when it ends."""
+
+    schema_version: int
+    gpufeed_version: str
+    name: str
+    command: list[str]
+    cwd: str
+    hostname: str
+    cpu_count: int
+    started_at_unix: float
+    clock_offset_s: float            # unix time = monotonic time + clock_offset_s
+    t_start: float
+    t_end: float | None = None
+    exit_code: int | None = None     # negative: killed by that signal
+    end_reason: str | None = None    # one of END_*; null while running or after a hard kill
+    message: str | None = None       # one sentence on how the run ended
+    steps_requested: int | None = None
+    warmup_steps: int = 0
+    stall: dict[str, Any] | None = None
+    sampler: dict[str, Any] = field(default_factory=dict)  # interval_s, cpu_s, samples, gpu_error
+    stderr_tail: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunMeta":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})

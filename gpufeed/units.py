@@ -1,0 +1,21 @@
+"""Formatting of measured values for people: a missing reading prints as N/A, never as 0."""
+from __future__ import annotations
+
+NA = "N/A"
+
+
+def fmt(value: float | int | None, spec: str = ".3g", unit: str = "") -> str:
+    """``format(value, spec) + unit``, or ``N/A`` when the value was not measured."""
+    if value is None or (isinstance(value, float) and value != value):
+        return NA
+    return format(value, spec) + unit
+
+
+def human_bytes(value: float | None) -> str:
+    if value is None or value != value:
+        return NA
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
