@@ -1,0 +1,1 @@
+"""Things that measure: inside the training process (probe) and outside it (sampler)."""

@@ -1,0 +1,1 @@
+"""Measurements taken from outside the training process: host CPU, memory, process tree, GPUs."""

@@ -1,0 +1,160 @@
+"""The one gateway to NVML (package ``nvidia-ml-py``, module ``pynvml``).
+
+NVML starts lazily on first use. If it cannot start (bindings missing, no driver, no GPU) the
+gateway says why in ``error`` and reports no devices instead of raising: gpufeed must still
+measure the CPU side on a machine without a GPU. A reading that fails is ``None``, never 0.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+# NVML return codes (nvml.h); looked up on the module when it has them, so fakes may omit them.
+_ERR_NO_PERMISSION = 4
+_ERR_DRIVER_NOT_LOADED = 9
+_ERR_LIBRARY_NOT_FOUND = 12
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One device at one moment. Sizes in bytes, utilisation in percent."""
+
+    index: int
+    name: str | None
+    util_pct: float | None
+    mem_used_b: int | None
+    mem_total_b: int | None
+    procs: dict[int, int] = field(default_factory=dict)  # pid -> GPU memory used, bytes
+
+
+def _init_error_sentence(nv: Any, exc: Exception) -> str:
+    code = getattr(exc, "value", None)
+    if code == getattr(nv, "NVML_ERROR_LIBRARY_NOT_FOUND", _ERR_LIBRARY_NOT_FOUND):
+        return "NVML library not found (no NVIDIA driver)"
+    if code == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", _ERR_DRIVER_NOT_LOADED):
+        return "NVIDIA driver not loaded"
+    if code == getattr(nv, "NVML_ERROR_NO_PERMISSION", _ERR_NO_PERMISSION):
+        return "no permission to use NVML"
+    return f"NVML failed to start: {exc}"
+
+
+class Nvml:
+    """Lazily started NVML. Pass ``module`` to use a fake ``pynvml`` in tests."""
+
+    def __init__(self, module: ModuleType | Any | None = None) -> None:
+        self._module = module
+        self._nv: Any = None            # the pynvml module once NVML is up
+        self._handles: list[Any] = []   # device handles, fetched once at start
+        self._error: str | None = None
+        self._tried = False
+        # RLock: init, read and shutdown may come from different threads (sampler, runner).
+        self._lock = threading.RLock()
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    def _start(self) -> bool:
+        """Start NVML once; on failure remember why. Caller holds the lock."""
+        if self._tried:
+            return self._nv is not None
+        self._tried = True
+        nv = self._module
+        if nv is None:
+            try:
+                import pynvml as nv  # type: ignore[import-not-found,no-redef]
+            except ImportError:
+                self._error = "NVML Python bindings not installed (pip install nvidia-ml-py)"
+                return False
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            self._error = _init_error_sentence(nv, exc)
+            return False
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+            handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except nv.NVMLError as exc:
+            self._error = f"NVML could not list GPUs: {exc}"
+            self._quiet_shutdown(nv)
+            return False
+        if not handles:
+            self._error = "no NVIDIA GPU found"
+            self._quiet_shutdown(nv)
+            return False
+        self._nv, self._handles = nv, handles
+        return True
+
+    @staticmethod
+    def _quiet_shutdown(nv: Any) -> None:
+        try:
+            nv.nvmlShutdown()
+        except nv.NVMLError:
+            pass
+
+    def available(self) -> bool:
+        with self._lock:
+            return self._start()
+
+    @property
+    def error(self) -> str | None:
+        """Why NVML is unavailable (one sentence), or None. Starts NVML if not yet tried."""
+        with self._lock:
+            self._start()
+            return self._error
+
+    def device_count(self) -> int:
+        """GPUs NVML can read; 0 when NVML is unavailable (see ``error``)."""
+        with self._lock:
+            return len(self._handles) if self._start() else 0
+
+    def shutdown(self) -> None:
+        """Stop NVML. Safe to call twice; a later call starts it again."""
+        with self._lock:
+            if self._nv is not None:
+                self._quiet_shutdown(self._nv)
+            self._nv, self._handles = None, []
+            self._tried, self._error = False, None
+
+    # -- readings -----------------------------------------------------------------------------
+
+    def _query(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Call one NVML function; any NVML error means the reading is missing (None)."""
+        try:
+            return fn(*args)
+        except self._nv.NVMLError:
+            return None
+
+    def read(self) -> list[GpuReading]:
+        """One reading per GPU; [] when NVML is unavailable."""
+        with self._lock:
+            if not self._start():
+                return []
+            return [self._read_one(i, h) for i, h in enumerate(self._handles)]
+
+    def _read_one(self, index: int, handle: Any) -> GpuReading:
+        nv = self._nv
+        name = self._query(nv.nvmlDeviceGetName, handle)
+        if isinstance(name, bytes):  # older bindings return bytes
+            name = name.decode(errors="replace")
+        util = self._query(nv.nvmlDeviceGetUtilizationRates, handle)
+        mem = self._query(nv.nvmlDeviceGetMemoryInfo, handle)  # one call gives used and total
+        procs: dict[int, int] = {}
+        for getter in (nv.nvmlDeviceGetComputeRunningProcesses,
+                       nv.nvmlDeviceGetGraphicsRunningProcesses):
+            for p in self._query(getter, handle) or []:
+                used_b = getattr(p, "usedGpuMemory", None)
+                if used_b is None:  # not reported (e.g. no permission, MIG); skip, don't say 0
+                    continue
+                # A process can be in both lists with the same memory; don't count it twice.
+                procs[int(p.pid)] = max(procs.get(int(p.pid), 0), int(used_b))
+        return GpuReading(
+            index=index,
+            name=name,
+            util_pct=None if util is None else float(util.gpu),
+            mem_used_b=None if mem is None else int(mem.used),
+            mem_total_b=None if mem is None else int(mem.total),
+            procs=procs,
+        )
