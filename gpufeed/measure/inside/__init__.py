@@ -1,0 +1,1 @@
+"""Measurement inside the training process: the probe and how it gets there without code changes."""

@@ -1,0 +1,478 @@
+"""The probe: measures every DataLoader from inside the training process, without code changes.
+
+It patches five places in ``torch.utils.data`` at class level, so every loader, every worker and
+every kind of batch is covered:
+
+- ``DataLoader._get_iterator``: an iterator is born (worker start-up begins); its configuration.
+- ``_BaseDataLoaderIter._reset``: a persistent-worker iterator starts another epoch.
+- ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch.
+- ``_MapDatasetFetcher.fetch`` / ``_IterableDatasetFetcher.fetch``: one batch produced, in whichever
+  process produces it (a worker, or the main process when ``num_workers=0``), with its CPU time,
+  so the analysis can tell a busy worker from a sleeping one and count what the workers produce.
+
+The hot path only appends a tuple to a list; a background thread writes them once a second
+(``record/schema.py`` documents the lines). Only the standard library and the user's own torch are
+imported here: this module runs inside the user's interpreter.
+"""
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Callable
+
+from gpufeed.record import schema
+from gpufeed.record.writer import JsonlWriter, write_json_atomic
+
+# Environment the runner passes to the command (and so to every Python process under it).
+ENV_RUN_DIR = "GPUFEED_RUN_DIR"
+ENV_MAX_STEPS = "GPUFEED_MAX_STEPS"          # end the process after this many batches (warm-up included)
+ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a loader counts as stuck
+
+FLUSH_INTERVAL_S = 1.0       # the issue's promise: flushed at least every second
+MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
+MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the oldest are dropped
+
+_clock = time.perf_counter
+
+
+def count_samples(batch: Any, depth: int = 0) -> int | None:
+    """Leading dimension of the first tensor in a batch of any shape (tensor, tuple, dict, object)."""
+    shape = getattr(batch, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else 1
+    if depth > 3:
+        return None
+    if isinstance(batch, dict):
+        items = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        items = batch
+    elif hasattr(batch, "__dict__"):
+        items = vars(batch).values()
+    else:
+        return None
+    for item in items:
+        n = count_samples(item, depth + 1)
+        if n is not None:
+            return n
+    return None
+
+
+class _IteratorState:
+    """What the probe keeps per DataLoader iterator; attached to the iterator object."""
+
+    __slots__ = ("iter_id", "next_index", "rows", "samples_per_batch", "cuda_pending", "cuda_rows",
+                 "last_memory_t", "worker_pids")
+
+    def __init__(self, iter_id: int, samples_per_batch: int | None, worker_pids: list[int]) -> None:
+        self.iter_id = iter_id
+        self.next_index = 0
+        self.rows: list[tuple] = []
+        self.samples_per_batch = samples_per_batch
+        self.cuda_pending: deque = deque()
+        self.cuda_rows: list[tuple] = []
+        self.last_memory_t = 0.0
+        self.worker_pids = worker_pids
+
+
+class Probe:
+    """Collects events in this process and writes them to ``<run_dir>/events/<pid>.jsonl``."""
+
+    def __init__(self, run_dir: str, max_steps: int | None = None, stall_timeout_s: float | None = None,
+                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+        self.run_dir = run_dir
+        self.max_steps = max_steps
+        self.stall_timeout_s = stall_timeout_s
+        self.flush_interval_s = flush_interval_s
+        self.total_steps = 0
+        self.pending_since: float | None = None   # set while the main thread waits inside next()
+        self.pending_iter: _IteratorState | None = None
+        self.stall_reported = False
+        self._lock = threading.Lock()
+        self._iter_ids = itertools.count()
+        self._loader_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+        self._pid = -1
+        self._start_in_this_process()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _start_in_this_process(self) -> None:
+        """(Re)start in the current process: at install, and in each forked DataLoader worker."""
+        self._pid = os.getpid()
+        self._events: list[dict] = []
+        self._iterators: list[_IteratorState] = []
+        self._fetch_rows: list[tuple] = []
+        self._fetch_meta: dict | None = None
+        self._h2d_rows: list[tuple] = []
+        self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self._pid}.jsonl"))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._background, name="gpufeed-probe", daemon=True)
+        self._thread.start()
+
+    def ensure_this_process(self) -> None:
+        if self._pid != os.getpid():
+            self._start_in_this_process()
+            self._on_worker_start()
+
+    def _on_worker_start(self) -> None:
+        # Worker processes of multiprocessing never run atexit handlers; its Finalize hooks do run.
+        import multiprocessing.util
+        multiprocessing.util.Finalize(self, self.close, exitpriority=100)
+        # Let a stalled run ask this worker where it is stuck (the runner sends SIGUSR1).
+        try:
+            stacks = os.path.join(self.run_dir, schema.STACKS_DIR)
+            os.makedirs(stacks, exist_ok=True)
+            self._stack_file = open(os.path.join(stacks, f"{self._pid}.txt"), "w")
+            faulthandler.register(signal.SIGUSR1, file=self._stack_file, all_threads=True, chain=False)
+        except (OSError, ValueError, RuntimeError, AttributeError):
+            pass
+
+    def _background(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            self._check_stall()
+            self.flush()
+
+    def close(self, reason: str = "exit") -> None:
+        if self._pid != os.getpid():
+            return
+        self._stop.set()
+        self.flush(final=True)
+        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason})
+        self._writer.close()
+
+    # -- recording -----------------------------------------------------------------------------
+    def event(self, kind: str, **fields: Any) -> None:
+        fields["kind"] = kind
+        fields["pid"] = self._pid
+        with self._lock:
+            self._events.append(fields)
+
+    def flush(self, final: bool = False) -> None:
+        with self._lock:
+            events, self._events = self._events, []
+            fetch_rows, self._fetch_rows = self._fetch_rows, []
+            h2d_rows, self._h2d_rows = self._h2d_rows, []
+            iterators = list(self._iterators)
+        lines = events
+        for it in iterators:
+            if final:
+                self._resolve_cuda(it, wait=True)
+            # list.append and this swap are both atomic under the GIL: no step is lost or doubled.
+            rows, it.rows = it.rows, []
+            if rows:
+                lines.append({"kind": "steps", "pid": self._pid, "iter_id": it.iter_id, "rows": rows})
+            cuda_rows, it.cuda_rows = it.cuda_rows, []
+            if cuda_rows:
+                lines.append({"kind": "cuda", "pid": self._pid, "iter_id": it.iter_id, "rows": cuda_rows})
+        if fetch_rows:
+            lines.append(dict(self._fetch_meta or {}, kind="fetches", pid=self._pid, rows=fetch_rows))
+        if h2d_rows:
+            lines.append({"kind": "h2d", "pid": self._pid, "rows": h2d_rows})
+        self._writer.write_many(lines)
+
+    def register_iterator(self, iterator: Any, loader: Any, t_created: float) -> None:
+        loader_id = self._loader_ids.setdefault(loader, len(self._loader_ids))
+        worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
+        state = _IteratorState(next(self._iter_ids), loader.batch_size, worker_pids)
+        iterator._gpufeed_state = state
+        with self._lock:
+            self._iterators.append(state)
+        self.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
+                   t_ready=_clock(), worker_pids=worker_pids, config=loader_config(loader))
+
+    def record_fetch(self, t0: float, t1: float, cpu_s: float, samples: int) -> None:
+        if self._fetch_meta is None:
+            import torch
+            info = torch.utils.data.get_worker_info()
+            self._fetch_meta = {"worker_id": info.id if info is not None else None,
+                                "torch_threads": torch.get_num_threads()}
+        self._fetch_rows.append((t0, t1, cpu_s, samples))
+
+    def record_h2d(self, t: float, nbytes: int, host_s: float, pinned: bool) -> None:
+        self._h2d_rows.append((t, nbytes, host_s, pinned))
+
+    # -- CUDA: events in the stream, resolved lazily ----------------------------------------------
+    def cuda_step(self, state: _IteratorState, index: int, start_event: Any, end_event: Any,
+                  now: float) -> None:
+        import torch
+        memory = None
+        if now - state.last_memory_t >= MEMORY_INTERVAL_S:
+            state.last_memory_t = now
+            stats = torch.cuda.memory_stats()
+            memory = (stats.get("allocated_bytes.all.current"), stats.get("reserved_bytes.all.current"),
+                      stats.get("allocated_bytes.all.peak"))
+        state.cuda_pending.append((index, start_event, end_event, memory))
+        self._resolve_cuda(state, wait=False)
+
+    @staticmethod
+    def _resolve_cuda(state: _IteratorState, wait: bool) -> None:
+        pending = state.cuda_pending
+        while pending:
+            index, start, end, memory = pending[0]
+            if not wait and not end.query():
+                break  # the GPU has not reached this step yet; look again next step
+            if wait:
+                end.synchronize()
+            pending.popleft()
+            idle_s = start.elapsed_time(end) / 1000.0
+            state.cuda_rows.append((index, idle_s) + (memory or (None, None, None)))
+        while len(pending) > MAX_PENDING_CUDA_STEPS:
+            pending.popleft()
+
+    # -- ending the run: --steps and stalls ---------------------------------------------------------
+    def steps_reached(self) -> None:
+        open(os.path.join(self.run_dir, schema.STEPS_REACHED_MARKER), "w").close()
+        self.close(reason=schema.END_STEPS_REACHED)
+        raise SystemExit(0)
+
+    def _check_stall(self) -> None:
+        since, timeout = self.pending_since, self.stall_timeout_s
+        if since is None or timeout is None or self.stall_reported or _clock() - since < timeout:
+            return
+        self.stall_reported = True
+        state = self.pending_iter
+        worker_pids = state.worker_pids if state is not None else []
+        stacks = os.path.join(self.run_dir, schema.STACKS_DIR)
+        os.makedirs(stacks, exist_ok=True)
+        with open(os.path.join(stacks, f"{self._pid}.txt"), "w") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+        for pid in worker_pids:
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        stall = {"pid": self._pid, "iter_id": state.iter_id if state else None, "t_request": since,
+                 "waited_s": _clock() - since, "worker_pids": worker_pids}
+        self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
+        self.flush()
+        write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
+
+
+def loader_config(loader: Any) -> dict[str, Any]:
+    dataset = loader.dataset
+    try:
+        dataset_len = len(dataset)
+    except TypeError:
+        dataset_len = None
+    import multiprocessing
+    import torch.utils.data as tud
+    context = loader.multiprocessing_context
+    start_method = (context.get_start_method() if context is not None
+                    else multiprocessing.get_start_method(allow_none=True))
+    return {
+        "num_workers": loader.num_workers,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
+        "persistent_workers": bool(loader.persistent_workers),
+        "batch_size": loader.batch_size,
+        "drop_last": bool(loader.drop_last),
+        "dataset_type": type(dataset).__name__,
+        "dataset_len": dataset_len,
+        "iterable": isinstance(dataset, tud.IterableDataset),
+        "sampler": type(loader.sampler).__name__,
+        "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__name__,
+        "multiprocessing_context": start_method,
+    }
+
+
+# -- patching torch ---------------------------------------------------------------------------------
+_probe: Probe | None = None
+
+
+def active_probe() -> Probe | None:
+    return _probe
+
+
+def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
+    original = cls.__dict__[name]
+    if getattr(original, "_gpufeed_original", None) is not None:
+        return  # already patched
+    wrapper = make(original)
+    wrapper._gpufeed_original = original
+    wrapper.__name__ = original.__name__
+    wrapper.__doc__ = original.__doc__
+    setattr(cls, name, wrapper)
+
+
+def _unpatch(cls: type, name: str) -> None:
+    original = getattr(cls.__dict__.get(name), "_gpufeed_original", None)
+    if original is not None:
+        setattr(cls, name, original)
+
+
+def patch_torch(probe: Probe) -> None:
+    """Install the hooks into ``torch.utils.data`` (idempotent)."""
+    global _probe
+    _probe = probe
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import fetch
+    base = dataloader._BaseDataLoaderIter
+
+    def make_get_iterator(original):
+        # DataLoader._get_iterator returns the iterator with its workers started: the moment to
+        # read their pids. Start-up time runs from here to the first batch.
+        def _get_iterator(self, *args, **kwargs):
+            t_created = _clock()
+            iterator = original(self, *args, **kwargs)
+            if _probe is not None:
+                _probe.register_iterator(iterator, self, t_created)
+            return iterator
+        return _get_iterator
+
+    def make_reset(original):
+        def _reset(self, loader, first_iter=False, *args, **kwargs):
+            original(self, loader, first_iter, *args, **kwargs)
+            state = getattr(self, "_gpufeed_state", None)
+            if not first_iter and state is not None and _probe is not None:
+                _probe.event("epoch", iter_id=state.iter_id, t=_clock())
+        return _reset
+
+    def make_next(original):
+        def __next__(self):
+            probe, state = _probe, getattr(self, "_gpufeed_state", None)
+            if probe is None or state is None:
+                return original(self)
+            cuda = _cuda_in_use()
+            if cuda:
+                import torch
+                start_event = torch.cuda.Event(enable_timing=True)
+                start_event.record()
+            t_request = _clock()
+            probe.pending_since, probe.pending_iter = t_request, state
+            try:
+                batch = original(self)
+            finally:
+                probe.pending_since = None
+            t_deliver = _clock()
+            index = state.next_index
+            state.next_index = index + 1
+            samples = count_samples(batch)
+            state.rows.append((index, t_request, t_deliver,
+                               samples if samples is not None else state.samples_per_batch))
+            if cuda:
+                end_event = torch.cuda.Event(enable_timing=True)
+                end_event.record()
+                probe.cuda_step(state, index, start_event, end_event, t_deliver)
+            probe.total_steps += 1
+            if probe.max_steps is not None and probe.total_steps >= probe.max_steps:
+                probe.steps_reached()
+            return batch
+        return __next__
+
+    def make_fetch(original):
+        def fetch(self, possibly_batched_index):
+            probe = _probe
+            if probe is None:
+                return original(self, possibly_batched_index)
+            probe.ensure_this_process()
+            # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
+            cpu0, t0 = time.process_time(), _clock()
+            batch = original(self, possibly_batched_index)
+            t1, cpu1 = _clock(), time.process_time()
+            samples = len(possibly_batched_index) if self.auto_collation else 1
+            probe.record_fetch(t0, t1, cpu1 - cpu0, samples)
+            return batch
+        return fetch
+
+    _patch(dataloader.DataLoader, "_get_iterator", make_get_iterator)
+    _patch(base, "_reset", make_reset)
+    _patch(base, "__next__", make_next)
+    _patch(fetch._MapDatasetFetcher, "fetch", make_fetch)
+    _patch(fetch._IterableDatasetFetcher, "fetch", make_fetch)
+
+
+def unpatch_torch() -> None:
+    global _probe
+    _probe = None
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import fetch
+    for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "_reset"),
+                      (dataloader._BaseDataLoaderIter, "__next__"), (fetch._MapDatasetFetcher, "fetch"),
+                      (fetch._IterableDatasetFetcher, "fetch")):
+        _unpatch(cls, name)
+    _unpatch_h2d()
+
+
+def _cuda_in_use() -> bool:
+    """True once the training process has initialised CUDA (never initialises it itself)."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None or not cuda.is_initialized():
+        return False
+    _patch_h2d()
+    return True
+
+
+# -- host-to-device copies (only once CUDA is in use) ---------------------------------------------------
+def _patch_h2d() -> None:
+    import torch
+    if getattr(torch.Tensor.__dict__.get("to"), "_gpufeed_original", None) is not None:
+        return
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+    def make(original):
+        def copy(self, *args, **kwargs):
+            probe = _probe
+            if probe is None or self.is_cuda or is_compiling():
+                return original(self, *args, **kwargs)
+            t0 = _clock()
+            out = original(self, *args, **kwargs)
+            t1 = _clock()
+            if out is not self and getattr(out, "is_cuda", False):
+                probe.record_h2d(t0, self.element_size() * self.numel(), t1 - t0, bool(self.is_pinned()))
+            return out
+        return copy
+
+    _patch(torch.Tensor, "to", make)
+    _patch(torch.Tensor, "cuda", make)
+
+
+def _unpatch_h2d() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        _unpatch(torch.Tensor, "to")
+        _unpatch(torch.Tensor, "cuda")
+
+
+def install_from_env() -> Probe | None:
+    """Called when torch.utils.data is imported in a process started by ``gpufeed diagnose``."""
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir or _probe is not None:
+        return _probe
+    max_steps = os.environ.get(ENV_MAX_STEPS)
+    stall = os.environ.get(ENV_STALL_TIMEOUT)
+    probe = Probe(run_dir, max_steps=int(max_steps) if max_steps else None,
+                  stall_timeout_s=float(stall) if stall else None)
+    import torch
+    probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
+                rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
+                torch_version=getattr(torch, "__version__", None))  # torch may still be importing
+    patch_torch(probe)
+    atexit.register(probe.close)
+    _flush_on_sigterm(probe)
+    return probe
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value and value.lstrip("-").isdigit() else None
+
+
+def _flush_on_sigterm(probe: Probe) -> None:
+    """SIGTERM skips atexit: write what was measured, then die of SIGTERM as the user's code would."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # the user handles SIGTERM; leave it to them
+
+    def on_sigterm(signum, frame):
+        probe.close(reason="sigterm")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)

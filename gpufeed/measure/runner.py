@@ -1,0 +1,334 @@
+"""Run the user's command with the probe armed and the sampler watching, and always clean up.
+
+The command runs in a session of its own, so that it and every DataLoader worker under it can be
+signalled and ended together; whatever happens (normal end, ``--steps`` reached, crash, stall,
+Ctrl-C), ``meta.json`` is finalised and no process of the command's tree is left running.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+import datetime as _dt
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+import gpufeed
+from gpufeed.measure.inside import probe as _probe
+from gpufeed.measure.outside.sampler import Sampler
+from gpufeed.record import schema
+from gpufeed.record.writer import write_json_atomic
+
+BOOTSTRAP_DIR = Path(_probe.__file__).with_name("bootstrap")
+INTERRUPT_GRACE_S = 5.0   # time the command gets to handle Ctrl-C (save a checkpoint, say)
+TERMINATE_GRACE_S = 3.0   # time between SIGTERM and SIGKILL
+LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
+STDERR_TAIL_LINES = 20
+POLL_S = 0.05
+
+
+class CommandNotStarted(Exception):
+    """The command could not be started at all (not found, not executable)."""
+
+
+@dataclass
+class RunOptions:
+    command: list[str]
+    out: Path | None = None          # the run directory; default ./gpufeed-runs/<timestamp>-<name>
+    steps: int | None = None         # measured steps after warm-up; None: run to the end
+    warmup_steps: int = 10
+    stall_timeout_s: float | None = 60.0
+    interval_s: float = 0.1
+    extra_env: dict[str, str] = field(default_factory=dict)
+    echo_stderr: bool = True
+
+
+def command_name(command: list[str]) -> str:
+    """A short name for the run directory: the script or module the command runs."""
+    for i, arg in enumerate(command):
+        if arg.endswith(".py"):
+            return Path(arg).stem
+        if arg == "-m" and i + 1 < len(command):
+            return command[i + 1].rsplit(".", 1)[-1]
+    return Path(command[0]).name if command else "run"
+
+
+def default_run_dir(command: list[str], root: Path = Path("gpufeed-runs")) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", command_name(command))[:40]
+    path = root / f"{stamp}-{name}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{stamp}-{name}-{n}"
+    return path
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_dir: Path
+    meta: schema.RunMeta
+
+
+def run_command(options: RunOptions) -> RunResult:
+    """Run the command to its end (or to ``steps``); return where the record is and how it ended.
+
+    Raises ``CommandNotStarted`` if it cannot start; Ctrl-C ends the command and returns normally
+    with ``end_reason == "interrupted"``.
+    """
+    run_dir = Path(options.out) if options.out else default_run_dir(options.command)
+    meta = start_record(run_dir, options.command, options.steps, options.warmup_steps)
+    return RunResult(run_dir, _Run(options, run_dir, meta).execute())
+
+
+def start_record(run_dir: Path, command: list[str], steps: int | None, warmup_steps: int) -> schema.RunMeta:
+    """Create the run directory and its first ``meta.json`` (no end yet)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / schema.EVENTS_DIR).mkdir(exist_ok=True)
+    now_mono, now_unix = time.perf_counter(), time.time()
+    meta = schema.RunMeta(
+        schema_version=schema.SCHEMA_VERSION, gpufeed_version=gpufeed.__version__,
+        name=run_dir.name, command=list(command), cwd=os.getcwd(),
+        hostname=socket.gethostname(), cpu_count=os.cpu_count() or 1,
+        started_at_unix=now_unix, clock_offset_s=now_unix - now_mono, t_start=now_mono,
+        steps_requested=steps, warmup_steps=warmup_steps,
+    )
+    write_json_atomic(run_dir / schema.META_FILE, meta.to_dict())
+    return meta
+
+
+def finish_record(run_dir: Path, meta: schema.RunMeta, end_reason: str, exit_code: int | None,
+                  message: str | None, stderr_tail: list[str] = ()) -> schema.RunMeta:
+    """Write how the run ended into ``meta.json``."""
+    _remove_empty_stack_files(run_dir / schema.STACKS_DIR)
+    meta.t_end = time.perf_counter()
+    meta.exit_code = exit_code
+    meta.end_reason = end_reason
+    meta.message = message
+    meta.stderr_tail = [line for line in stderr_tail if line.strip()]
+    write_json_atomic(run_dir / schema.META_FILE, meta.to_dict())
+    return meta
+
+
+class _Run:
+    def __init__(self, options: RunOptions, run_dir: Path, meta: schema.RunMeta) -> None:
+        self.options = options
+        self.run_dir = run_dir
+        self.meta = meta
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+
+    def execute(self) -> schema.RunMeta:
+        try:
+            child = subprocess.Popen(
+                self.options.command, env=self._child_env(), stderr=subprocess.PIPE,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        except (OSError, ValueError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+            self._finish(schema.END_NOT_STARTED, None,
+                         f"Could not start {self.options.command[0]!r}: {reason}.")
+            raise CommandNotStarted(self.meta.message) from error
+        sampler = Sampler(self.run_dir, child.pid, interval_s=self.options.interval_s)
+        sampler.start()
+        tee = threading.Thread(target=self._tee_stderr, args=(child.stderr,), daemon=True)
+        tee.start()
+        previous_sigterm = _sigterm_as_interrupt()
+        end_reason: str | None = None
+        try:
+            end_reason = self._wait(child, sampler)
+        except KeyboardInterrupt:
+            end_reason = schema.END_INTERRUPTED
+            _signal_group(child.pid, signal.SIGINT)
+            _wait_quietly(child, INTERRUPT_GRACE_S)
+        finally:
+            _terminate_tree(child, sampler)
+            signal.signal(signal.SIGTERM, previous_sigterm)
+            self.meta.sampler = sampler.stop()
+            tee.join(timeout=2.0)
+        return self._finish_from_exit(end_reason, child.returncode)
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.options.extra_env)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
+        env["GPUFEED_PACKAGE_PARENT"] = str(Path(gpufeed.__file__).resolve().parent.parent)
+        env[_probe.ENV_RUN_DIR] = str(self.run_dir.resolve())
+        if self.options.steps is not None:
+            env[_probe.ENV_MAX_STEPS] = str(self.options.warmup_steps + self.options.steps)
+        if self.options.stall_timeout_s:
+            env[_probe.ENV_STALL_TIMEOUT] = str(self.options.stall_timeout_s)
+        return env
+
+    def _wait(self, child: subprocess.Popen, sampler: Sampler) -> str | None:
+        stall_marker = self.run_dir / schema.STALL_MARKER
+        while child.poll() is None:
+            if stall_marker.exists():
+                self._record_stall(stall_marker, sampler)
+                return schema.END_STALLED
+            time.sleep(POLL_S)
+        return None
+
+    def _record_stall(self, marker: Path, sampler: Sampler) -> None:
+        time.sleep(0.5)  # the workers' stack dumps (SIGUSR1, sent by the probe) land meanwhile
+        stall = _read_json(marker) or {}
+        pids = [stall.get("pid")] + list(stall.get("worker_pids") or [])
+        stall["processes"] = sampler.snapshot([p for p in pids if p])
+        self.meta.stall = stall
+
+    def _tee_stderr(self, stream: IO[bytes]) -> None:
+        """Show the command's stderr as it comes, keep it on disk, and keep its last lines."""
+        partial = b""
+        with open(self.run_dir / schema.STDERR_FILE, "ab") as log:
+            for chunk in iter(lambda: stream.read1(65536), b""):
+                if self.options.echo_stderr:
+                    try:
+                        sys.stderr.buffer.write(chunk)
+                        sys.stderr.buffer.flush()
+                    except (OSError, ValueError):
+                        pass
+                log.write(chunk)
+                log.flush()
+                *lines, partial = (partial + chunk).split(b"\n")
+                self.stderr_tail.extend(line.decode("utf-8", "replace") for line in lines)
+        if partial:
+            self.stderr_tail.append(partial.decode("utf-8", "replace"))
+
+    def _finish_from_exit(self, end_reason: str | None, exit_code: int | None) -> schema.RunMeta:
+        if end_reason is None:
+            if (self.run_dir / schema.STEPS_REACHED_MARKER).exists():
+                end_reason = schema.END_STEPS_REACHED
+            elif exit_code == 0:
+                end_reason = schema.END_COMPLETED
+            else:
+                end_reason = schema.END_FAILED
+        return self._finish(end_reason, exit_code, _end_message(end_reason, exit_code, self.meta,
+                                                                list(self.stderr_tail)))
+
+    def _finish(self, end_reason: str, exit_code: int | None, message: str | None) -> schema.RunMeta:
+        return finish_record(self.run_dir, self.meta, end_reason, exit_code, message, list(self.stderr_tail))
+
+
+def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, tail: list[str]) -> str:
+    if end_reason == schema.END_COMPLETED:
+        return "The command finished normally."
+    if end_reason == schema.END_STEPS_REACHED:
+        return f"Stopped the command after {meta.steps_requested} measured steps, as asked."
+    if end_reason == schema.END_INTERRUPTED:
+        return "Interrupted (Ctrl-C): the command and its DataLoader workers were stopped."
+    if end_reason == schema.END_STALLED:
+        waited = (meta.stall or {}).get("waited_s")
+        return (f"The DataLoader delivered no batch for {waited:.0f} s, so the command was stopped; "
+                "see what each worker was doing below." if waited else "The DataLoader stalled.")
+    last = next((line.strip() for line in reversed(tail) if line.strip()), "")
+    if exit_code is not None and exit_code < 0:
+        how = f"was killed by {signal.Signals(-exit_code).name}"
+        if -exit_code == signal.SIGKILL:
+            how += " (the kernel's out-of-memory killer does this)"
+    else:
+        how = f"exited with code {exit_code}"
+    return f"The command {how}" + (f": {last}" if last else ".")
+
+
+def _remove_empty_stack_files(stacks: Path) -> None:
+    """Every worker opens a stack file in case of a stall; only the ones written to are kept."""
+    for path in stacks.glob("*.txt"):
+        try:
+            if path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+    try:
+        stacks.rmdir()
+    except OSError:
+        pass  # not empty, or not there
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# -- processes -------------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """In the child before exec: if gpufeed itself is killed, the command gets SIGTERM (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _sigterm_as_interrupt() -> Any:
+    """A scheduler's SIGTERM to gpufeed ends the run like Ctrl-C: cleanly, with the record kept."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return signal.getsignal(signal.SIGTERM)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _wait_quietly(child: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        child.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting, terminate
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    return _signal_group(pgid, 0)
+
+
+def _wait_until(done: Any, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < end:
+        time.sleep(POLL_S)
+
+
+def _terminate_tree(child: subprocess.Popen, sampler: Sampler) -> None:
+    """End the command's whole tree: its process group, then anything the sampler saw escape it."""
+    pgid = child.pid
+
+    def all_gone() -> bool:
+        return child.poll() is not None and not _group_alive(pgid)
+
+    if child.poll() is not None:
+        # DataLoader workers of a main process that has exited get a moment to shut down themselves.
+        _wait_until(all_gone, LEFTOVER_GRACE_S)
+    for sig, grace_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 1.0)):
+        if not all_gone():
+            _signal_group(pgid, sig)
+            _wait_until(all_gone, grace_s)
+    for pid, created in list(sampler.seen.items()):
+        try:
+            proc = psutil.Process(pid)
+            if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    try:
+        child.wait(timeout=1.0)
+    except subprocess.TimeoutExpired:
+        pass
