@@ -1,0 +1,58 @@
+"""The analysis: reads a run record, computes metrics, runs every rule, names the bottleneck.
+
+Data flows one way: ``record`` → ``metrics.compute`` → ``rules.RULES`` → ``Diagnosis``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpufeed import thresholds as th
+from gpufeed.analysis import rules
+from gpufeed.analysis.findings import SEVERITY_ORDER, Diagnosis, Finding
+from gpufeed.analysis.metrics import Metrics, compute, loader_summaries
+from gpufeed.record.reader import RunRecord, load_run
+
+__all__ = ["analyze", "analyze_record", "Diagnosis", "Finding", "Metrics"]
+
+
+def analyze(run_dir: str | Path) -> Diagnosis:
+    """Diagnose a run from its directory alone (raises ``RecordError`` if it cannot be read)."""
+    return analyze_record(load_run(run_dir))
+
+
+def analyze_record(record: RunRecord) -> Diagnosis:
+    metrics = compute(record)
+    loaders = loader_summaries(record)
+    ctx = rules.Context(record=record, metrics=metrics, training=next((s for s in loaders if s.training), None))
+    findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
+    # Ranked by the time they cost; findings that cost nothing measurable come last.
+    findings.sort(key=lambda f: (-(f.cost_share or 0.0), SEVERITY_ORDER[f.severity]))
+    warnings = list(record.warnings)
+    if metrics.throughput_check:
+        warnings.append(metrics.throughput_check)
+    gpu_error = record.meta.sampler.get("gpu_error")
+    return Diagnosis(
+        bottleneck=primary_bottleneck(metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
+        findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
+        gpu_available=bool(record.samples.gpus) or metrics.cuda_used,
+        gpu_unavailable_reason=None if record.samples.gpus else gpu_error,
+        run={"command": record.meta.command, "end_reason": record.meta.end_reason,
+             "exit_code": record.meta.exit_code, "message": record.meta.message},
+        warnings=warnings,
+    )
+
+
+def primary_bottleneck(m: Metrics, has_data: bool) -> str | None:
+    """The largest measured loss of time, if any reaches the bar; otherwise the step's own compute."""
+    if not has_data:
+        return None
+    losses = {
+        "input": m.data_wait_share,
+        "transfer": m.h2d_pageable_share,
+        "host": rules.host_idle_share(m),
+    }
+    name, share = max(((k, v) for k, v in losses.items() if v is not None), key=lambda kv: kv[1],
+                      default=(None, None))
+    if name is not None and share >= th.BOTTLENECK_MIN_SHARE:
+        return name
+    return "compute"

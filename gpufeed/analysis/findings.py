@@ -1,0 +1,77 @@
+"""What the analysis returns: findings with their evidence, and the diagnosis of a run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpufeed import thresholds as th
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe
+
+HIGH, MEDIUM, LOW, INFO = "high", "medium", "low", "info"
+SEVERITY_ORDER = {HIGH: 0, MEDIUM: 1, LOW: 2, INFO: 3}
+
+BOTTLENECKS = ("input", "transfer", "host", "compute")
+
+
+def severity_for(cost_share: float | None) -> str:
+    if cost_share is None:
+        return LOW
+    if cost_share >= th.SEVERITY_HIGH_SHARE:
+        return HIGH
+    if cost_share >= th.SEVERITY_MEDIUM_SHARE:
+        return MEDIUM
+    return LOW
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing that holds the GPU back (or a statement that nothing does), with its proof."""
+
+    id: str
+    severity: str                    # high | medium | low | info
+    message: str                     # one sentence, numbers first
+    recommendation: str              # the exact change: a DataLoader keyword or a line of code
+    evidence: dict[str, Any]         # the measured numbers behind the message, units in the names
+    thresholds: dict[str, float] = field(default_factory=dict)  # the bars those numbers crossed
+    cost_share: float | None = None  # share of the wall time this costs; findings are ranked by it
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["evidence"] = {k: json_safe(v) for k, v in self.evidence.items()}
+        d["cost_share"] = json_safe(self.cost_share)
+        return d
+
+
+@dataclass
+class Diagnosis:
+    """The analysis of one run: its primary bottleneck, findings (ranked), metrics and loaders."""
+
+    bottleneck: str | None           # one of BOTTLENECKS; None when nothing could be measured
+    findings: list[Finding]
+    metrics: Metrics
+    loaders: list[LoaderSummary]
+    run_dir: str
+    gpu_available: bool
+    gpu_unavailable_reason: str | None
+    run: dict[str, Any]              # command, end_reason, exit_code, message
+    warnings: list[str] = field(default_factory=list)
+
+    def finding(self, finding_id: str) -> Finding | None:
+        return next((f for f in self.findings if f.id == finding_id), None)
+
+    @property
+    def finding_ids(self) -> list[str]:
+        return [f.id for f in self.findings]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bottleneck": self.bottleneck,
+            "findings": [f.to_dict() for f in self.findings],
+            "metrics": self.metrics.to_dict(),
+            "loaders": [asdict(s) for s in self.loaders],
+            "run_dir": self.run_dir,
+            "gpu_available": self.gpu_available,
+            "gpu_unavailable_reason": self.gpu_unavailable_reason,
+            "run": self.run,
+            "warnings": self.warnings,
+        }

@@ -1,0 +1,333 @@
+"""Numbers about a run, computed from its record alone. The rules read these; so do the front ends.
+
+The measured window opens at the request of the first step after warm-up and closes at the last
+delivery of the training loader (the loader the loop iterated most). Throughput in that window is
+the smaller of what the loop consumed and what the workers produced: a window that opens while
+prepared batches wait in the loader would otherwise count them as if they were made in the window
+(the "measurement trap" in field-facts.md). It is also checked against the loader's CPU-time bound.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpufeed import thresholds as th
+from gpufeed.record.reader import IteratorRecord, RunRecord
+
+RUNNING = "running"
+ASLEEP = ("sleeping", "disk-sleep", "idle")
+
+
+@dataclass
+class LoaderSummary:
+    """One DataLoader object (all its iterators) in one process."""
+
+    pid: int
+    loader_id: int
+    config: dict[str, Any]
+    iterators: int
+    steps: int
+    samples: int
+    data_wait_s: float
+    startup_s: float              # sum over iterators: creation to first batch
+    worker_pids: list[int]
+    training: bool                # the loader the training loop iterated most
+
+
+@dataclass
+class Metrics:
+    """Everything the analysis measured. ``None`` means not measurable in this run (N/A)."""
+
+    # the window
+    wall_s: float | None = None
+    steps: int = 0
+    warmup_steps: int = 0
+    samples: int = 0
+    # throughput
+    samples_per_s: float | None = None
+    samples_per_s_consumed: float | None = None
+    samples_per_s_produced: float | None = None
+    loader_cpu_bound_samples_per_s: float | None = None
+    throughput_check: str | None = None
+    # the step
+    step_time_p50_ms: float | None = None
+    step_time_p90_ms: float | None = None
+    data_wait_p50_ms: float | None = None
+    data_wait_p90_ms: float | None = None
+    compute_p50_ms: float | None = None
+    data_wait_share: float | None = None
+    # the GPU
+    cuda_used: bool = False
+    gpu_idle_share: float | None = None       # CUDA events: GPU idle while the loop waited for data
+    gpu_util_p5_pct: float | None = None
+    gpu_util_p50_pct: float | None = None
+    gpu_util_p95_pct: float | None = None
+    gpu_mem_used_max_b: float | None = None
+    gpu_mem_total_b: float | None = None
+    cuda_mem_allocated_peak_b: float | None = None
+    cuda_mem_reserved_max_b: float | None = None
+    h2d_pageable_share: float | None = None
+    h2d_bytes_per_step: float | None = None
+    # the host
+    cpu_count: int = 1
+    cpu_util_pct: float | None = None          # mean over cores
+    cpu_util_per_core_pct: list[float] = field(default_factory=list)
+    cpu_cores_busy: float | None = None
+    iowait_pct: float | None = None
+    mem_used_max_b: float | None = None
+    mem_total_b: float | None = None
+    # the loader and its workers
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
+    iterators: int = 0
+    worker_startup_s: float | None = None
+    worker_startup_share: float | None = None
+    fetch_ms_per_batch_p50: float | None = None
+    worker_fetch_cpu_ratio: float | None = None  # CPU time / wall time while fetching (1.0 = one full core)
+    worker_asleep_share: float | None = None     # 1 - that ratio, floored at 0
+    worker_busy_share: float | None = None       # share of the window the workers spent fetching
+    worker_running_share: float | None = None    # sampler: share of samples in state "running"
+    worker_threads_median: float | None = None   # OS threads per worker process
+    worker_torch_threads: int | None = None
+    worker_rss_max_b: float | None = None
+    workers_needed: int | None = None            # workers that would keep up with the step, by rate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: json_safe(v) for k, v in asdict(self).items()}
+
+
+def json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return json_safe(value.item())
+    return value
+
+
+def _pct(values: np.ndarray, q: float) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(np.percentile(values, q)) if len(values) else None
+
+
+def _mean(values: np.ndarray) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if len(values) else None
+
+
+def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
+    groups: dict[tuple[int, int], list[IteratorRecord]] = {}
+    for it in record.iterators:
+        groups.setdefault(it.key, []).append(it)
+    summaries = []
+    for (pid, loader_id), its in groups.items():
+        steps = np.concatenate([it.steps for it in its]) if its else np.empty((0, 4))
+        summaries.append(LoaderSummary(
+            pid=pid, loader_id=loader_id, config=asdict(its[0].config), iterators=len(its),
+            steps=len(steps), samples=int(np.nansum(steps[:, 3])) if len(steps) else 0,
+            data_wait_s=float((steps[:, 2] - steps[:, 1]).sum()) if len(steps) else 0.0,
+            startup_s=sum(_startup_s(it) or 0.0 for it in its),
+            worker_pids=sorted({p for it in its for p in it.worker_pids}), training=False,
+        ))
+    if summaries:
+        max(summaries, key=lambda s: s.steps).training = True
+    return summaries
+
+
+def _startup_s(it: IteratorRecord) -> float | None:
+    """Creation of the iterator (workers start) to its first batch."""
+    return float(it.steps[0, 2] - it.t_created) if len(it.steps) else None
+
+
+def compute(record: RunRecord) -> Metrics:
+    m = Metrics(cpu_count=record.meta.cpu_count, warmup_steps=record.meta.warmup_steps)
+    loaders = loader_summaries(record)
+    training = next((s for s in loaders if s.training), None)
+    window = None
+    if training is not None and training.steps:
+        its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
+        window = _step_metrics(m, record, its)
+        _loader_metrics(m, record, training, its, window)
+    if window is None and len(record.samples):
+        window = (float(record.samples.t[0]), float(record.samples.t[-1]))
+        m.wall_s = window[1] - window[0]
+    if window is not None:
+        _host_metrics(m, record, window)
+        _gpu_metrics(m, record, window, training)
+    return m
+
+
+def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> tuple[float, float] | None:
+    """Step time, data wait and throughput of the training loader, after warm-up."""
+    # Per step: request, delivery, samples, and the next request of the same iterator (the end of
+    # the step's compute). The last step of an iterator has no next request: no compute time.
+    rows = []
+    for it in its:
+        s = it.steps
+        if not len(s):
+            continue
+        next_req = np.append(s[1:, 1], np.nan)
+        rows.append(np.column_stack([s[:, 1], s[:, 2], s[:, 3], next_req]))
+    steps = np.concatenate(rows)
+    steps = steps[np.argsort(steps[:, 0], kind="stable")]
+    warmup = min(record.meta.warmup_steps, max(len(steps) - 2, 0))
+    measured = steps[warmup:]
+    if len(measured) < 2:
+        return None
+    t0, t1 = float(measured[0, 0]), float(measured[-1, 1])
+    m.steps, m.warmup_steps = len(measured), warmup
+    m.wall_s = t1 - t0
+    wait = measured[:, 1] - measured[:, 0]
+    step = measured[:, 3] - measured[:, 0]
+    compute = measured[:, 3] - measured[:, 1]
+    m.step_time_p50_ms, m.step_time_p90_ms = (_ms(_pct(step, q)) for q in (50, 90))
+    m.data_wait_p50_ms, m.data_wait_p90_ms = (_ms(_pct(wait, q)) for q in (50, 90))
+    m.compute_p50_ms = _ms(_pct(compute, 50))
+    # Every data wait of the training process counts (validation loaders too): the GPU idles either way.
+    all_wait = sum(float(np.clip(np.minimum(it.steps[:, 2], t1) - np.maximum(it.steps[:, 1], t0), 0, None).sum())
+                   for it in record.iterators if it.pid == its[0].pid and len(it.steps))
+    m.data_wait_share = all_wait / m.wall_s if m.wall_s > 0 else None
+    # Samples delivered in the window (the first measured step's batch was requested at t0).
+    m.samples = int(np.nansum(measured[:, 2]))
+    if m.wall_s > 0:
+        m.samples_per_s_consumed = m.samples / m.wall_s
+    return t0, t1
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[IteratorRecord],
+                    window: tuple[float, float] | None) -> None:
+    cfg = its[0].config
+    m.num_workers, m.prefetch_factor, m.iterators = cfg.num_workers, cfg.prefetch_factor, len(its)
+    startups = [s for s in (_startup_s(it) for it in its) if s is not None]
+    m.worker_startup_s = float(sum(startups)) if startups else None
+    span = float(max(it.steps[-1, 2] for it in its if len(it.steps)) - its[0].t_created)
+    if startups and span > 0:
+        m.worker_startup_share = m.worker_startup_s / span
+
+    # Who produced this loader's batches: its workers, or the main process when num_workers=0.
+    producers = set(training.worker_pids) or {training.pid}
+    fetches = [f for f in record.fetches if f.pid in producers]
+    rows = np.concatenate([f.rows for f in fetches]) if fetches else np.empty((0, 4))
+    if len(rows):
+        wall = rows[:, 1] - rows[:, 0]
+        m.fetch_ms_per_batch_p50 = _ms(_pct(wall, 50))
+        if wall.sum() > 0:
+            m.worker_fetch_cpu_ratio = float(rows[:, 2].sum() / wall.sum())
+            m.worker_asleep_share = max(0.0, 1.0 - m.worker_fetch_cpu_ratio)
+        cpu_per_sample = rows[:, 2].sum() / max(rows[:, 3].sum(), 1.0)
+        if cpu_per_sample > 0:
+            m.loader_cpu_bound_samples_per_s = m.cpu_count / cpu_per_sample
+        threads = [f.torch_threads for f in fetches if f.torch_threads is not None and f.worker_id is not None]
+        m.worker_torch_threads = max(threads) if threads else None
+        if window is not None and m.wall_s:
+            t0, t1 = window
+            inside = np.clip(np.minimum(rows[:, 1], t1) - np.maximum(rows[:, 0], t0), 0, None)
+            m.worker_busy_share = float(inside.sum() / (m.wall_s * max(len(producers), 1)))
+            if training.worker_pids:
+                produced = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1), 3].sum()
+                m.samples_per_s_produced = float(produced / m.wall_s)
+        median_compute = (m.compute_p50_ms or 0.0) / 1000.0
+        if median_compute > 0 and m.fetch_ms_per_batch_p50:
+            m.workers_needed = max(1, math.ceil(m.fetch_ms_per_batch_p50 / 1000.0 / median_compute))
+
+    rates = [r for r in (m.samples_per_s_consumed, m.samples_per_s_produced) if r is not None]
+    m.samples_per_s = min(rates) if rates else None
+    bound = m.loader_cpu_bound_samples_per_s
+    if m.samples_per_s is not None and bound is not None and m.samples_per_s > bound * th.CPU_BOUND_TOLERANCE:
+        m.throughput_check = (f"{m.samples_per_s:,.0f} samples/s exceeds what {m.cpu_count} cores can prepare "
+                              f"({bound:,.0f}/s at the loader's CPU cost): the window likely opened with "
+                              "prepared batches waiting; measure more steps")
+
+
+def _in_window(record: RunRecord, window: tuple[float, float]) -> np.ndarray:
+    t = record.samples.t
+    mask = (t >= window[0]) & (t <= window[1])
+    if not mask.any():  # a short window between two samples: take the nearest sample
+        mask = np.zeros(len(t), dtype=bool)
+        if len(t):
+            mask[int(np.argmin(np.abs(t - (window[0] + window[1]) / 2)))] = True
+    return mask
+
+
+def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) -> None:
+    s = record.samples
+    if not len(s):
+        return
+    mask = _in_window(record, window)
+    cpu = s.cpu_pct[mask]
+    per_core = np.nanmean(cpu, axis=0) if cpu.size and np.isfinite(cpu).any() else np.array([])
+    m.cpu_util_per_core_pct = [round(float(v), 1) for v in per_core]
+    m.cpu_util_pct = _mean(np.nanmean(cpu, axis=1)) if cpu.size else None
+    m.cpu_cores_busy = _mean(np.nansum(cpu, axis=1) / 100.0) if cpu.size else None
+    m.iowait_pct = _mean(s.iowait_pct[mask])
+    m.mem_used_max_b = float(np.nanmax(s.mem_used_b[mask])) if np.isfinite(s.mem_used_b[mask]).any() else None
+    m.mem_total_b = s.mem_total_b if math.isfinite(s.mem_total_b) else None
+
+    workers = record.worker_pids
+    if not workers:
+        return
+    states, threads, rss = [], [], []
+    for i in np.flatnonzero(mask):
+        for pid, _ppid, _cpu, n_threads, status, rss_b in (row[:6] for row in s.procs[i]):
+            if pid in workers:
+                states.append(status)
+                threads.append(n_threads)
+                rss.append(rss_b)
+    if states:
+        m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
+        m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
+        m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))
+
+
+def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], training: Any) -> None:
+    its = [it for it in record.iterators if training is not None and it.key == (training.pid, training.loader_id)]
+    cuda = np.concatenate([it.cuda for it in its]) if its and any(len(it.cuda) for it in its) else np.empty((0, 5))
+    if len(cuda):
+        m.cuda_used = True
+        idle = []
+        for it in its:
+            in_window = {int(i) for i, t in zip(it.steps[:, 0], it.steps[:, 1]) if window[0] <= t <= window[1]}
+            idle.extend(row[1] for row in it.cuda if int(row[0]) in in_window)
+        if m.wall_s and idle and m.steps:
+            # Events the GPU had not reached by the end were dropped: scale by the share resolved.
+            m.gpu_idle_share = float(sum(idle) / m.wall_s * m.steps / len(idle))
+        m.cuda_mem_allocated_peak_b = _max(cuda[:, 4])
+        m.cuda_mem_reserved_max_b = _max(cuda[:, 3])
+    h2d = record.h2d
+    if len(h2d):
+        m.cuda_used = True
+        inside = h2d[(h2d[:, 0] >= window[0]) & (h2d[:, 0] <= window[1])]
+        pageable = inside[inside[:, 3] == 0]
+        if m.wall_s:
+            m.h2d_pageable_share = float(pageable[:, 2].sum() / m.wall_s)
+        if m.steps:
+            m.h2d_bytes_per_step = float(inside[:, 1].sum() / m.steps)
+
+    gpus = record.samples.gpus
+    if not gpus:
+        return
+    mask = _in_window(record, window)
+    used = _gpus_used_by_run(record) or set(gpus)
+    util = np.concatenate([gpus[i]["util_pct"][mask] for i in sorted(used) if i in gpus])
+    m.gpu_util_p5_pct, m.gpu_util_p50_pct, m.gpu_util_p95_pct = (_pct(util, q) for q in (5, 50, 95))
+    m.gpu_mem_used_max_b = _max(np.concatenate([gpus[i]["mem_used_b"][mask] for i in used if i in gpus]))
+    m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used if i in gpus]))
+
+
+def _gpus_used_by_run(record: RunRecord) -> set[int]:
+    """GPUs on which a process of the command's tree held memory at some sample."""
+    tree = {int(row[0]) for procs in record.samples.procs for row in procs}
+    return {idx for per_gpu in record.samples.gpu_procs for idx, pids in per_gpu.items() if tree & set(pids)}
+
+
+def _max(values: np.ndarray) -> float | None:
+    values = values[np.isfinite(values)]
+    return float(values.max()) if len(values) else None

@@ -1,0 +1,64 @@
+"""Every threshold the analysis uses, in one place, each with its reason or source.
+
+Sources are summarised in ``shared/notes/field-facts.md`` (peers' rules and what users hit).
+Shares are fractions of the measured wall time; percentages are named ``*_PCT``.
+"""
+
+# -- Is the job input-bound? ---------------------------------------------------------------------
+# PyTorch Profiler's TensorBoard plugin recommends more workers when DataLoader time is > 5% of the
+# step; TensorFlow's input-pipeline analysis calls 5-20% "moderately" input-bound.
+DATA_WAIT_SHARE_FLAG = 0.05
+# TensorFlow's input-pipeline analysis: > 20% is "highly input-bound".
+DATA_WAIT_SHARE_HIGH = 0.20
+
+# Any loss smaller than this is not worth naming as the bottleneck: the same 5% bar as above,
+# applied to every kind of lost time (data wait, pageable copies, host-side GPU idle).
+BOTTLENECK_MIN_SHARE = DATA_WAIT_SHARE_FLAG
+
+# -- Where the loader's time goes -------------------------------------------------------------------
+# A worker that spends less than half of its fetch time on the CPU is mostly asleep (reading,
+# waiting on storage or the network). SageMaker's IOBottleneck uses the same 50% bar on I/O wait.
+WORKER_ASLEEP_CPU_RATIO = 0.5
+# The host counts as saturated when its cores are this busy on average: SageMaker's CPUBottleneck
+# rule counts a core > 90% busy as a bottleneck.
+CPU_SATURATED_PCT = 90.0
+# Workers contend when the CPU-bound ones are runnable but not running: they are on the CPU for
+# less than this share of their fetch time although the host is saturated.
+WORKER_CONTENDED_CPU_RATIO = 0.8
+
+# -- Threads inside workers ------------------------------------------------------------------------
+# A worker using more than this many cores while it fetches runs several compute threads
+# (torch intra-op, OpenCV, BLAS): one thread would be at most 1.0. Margin for the loader's own
+# helper threads.
+WORKER_MULTITHREAD_CPU_RATIO = 1.3
+
+# -- Worker start-up --------------------------------------------------------------------------------
+# Start-up paid each epoch is worth fixing once it costs as much as a flagged data wait.
+WORKER_STARTUP_SHARE_FLAG = 0.05
+
+# -- Host-to-device copies ----------------------------------------------------------------------------
+# Pageable copies block the host; below 5% of the wall time pinning cannot buy much.
+PAGEABLE_COPY_SHARE_FLAG = 0.05
+
+# -- GPU utilization (NVML) -----------------------------------------------------------------------------
+# SageMaker's LowGPUUtilization rule: p95 > 70% while p5 < 10% is the fluctuating pattern (the
+# nvidia-smi sawtooth).
+GPU_UTIL_FLUCTUATING_P95_PCT = 70.0
+GPU_UTIL_FLUCTUATING_P5_PCT = 10.0
+# PyTorch Profiler's TensorBoard plugin flags GPU utilization below 50%.
+GPU_UTIL_LOW_PCT = 50.0
+
+# -- Measurement ------------------------------------------------------------------------------------------
+# Steps measured before the window opens (cuDNN autotuning, first-batch start-up, allocator
+# warm-up). A window can still open with prepared batches waiting: see ``analysis/metrics.py``.
+DEFAULT_WARMUP_STEPS = 10
+# Measured throughput above the loader's CPU-time bound by more than this is flagged as suspect
+# (the "measurement trap" in field-facts.md).
+CPU_BOUND_TOLERANCE = 1.10
+# Suggested prefetch_factor for latency-bound loaders: deeper queues absorb read-latency spread
+# (loadtune and tf.data both raise prefetching for latency-bound inputs).
+LATENCY_PREFETCH_FACTOR = 4
+
+# -- Severity ---------------------------------------------------------------------------------------------------
+SEVERITY_HIGH_SHARE = DATA_WAIT_SHARE_HIGH
+SEVERITY_MEDIUM_SHARE = DATA_WAIT_SHARE_FLAG

@@ -1,0 +1,148 @@
+"""Synthetic run records, written to disk in the documented schema, for unit tests of the analysis.
+
+Each scenario is a small set of knobs over one generator, so a test reads as the situation it
+covers ("workers asleep, 2 cores idle") rather than as a pile of numbers.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpufeed.record import schema
+from gpufeed.record.writer import JsonlWriter, write_json_atomic
+
+MAIN_PID = 1000
+
+
+@dataclass
+class Scenario:
+    cpu_count: int = 2
+    num_workers: int = 2
+    prefetch_factor: int | None = 2
+    persistent_workers: bool = False
+    pin_memory: bool = False
+    batch_size: int = 32
+    epochs: int = 1
+    steps_per_epoch: int = 200
+    compute_s: float = 0.010          # per step, after the batch arrives
+    wait_s: float = 0.0005            # per step, inside next(loader)
+    startup_s: float = 0.05           # iterator creation to first batch
+    fetch_wall_s: float = 0.015       # per batch in a worker
+    fetch_cpu_s: float = 0.012        # CPU time of that fetch
+    worker_torch_threads: int = 1
+    worker_os_threads: int = 4
+    worker_status: str = "sleeping"
+    host_cpu_pct: float = 40.0        # every core, every sample
+    cuda: bool = False
+    gpu_idle_s: float | None = None   # per step, from CUDA events
+    h2d_host_s: float | None = None   # per step, pageable copy
+    gpu_util_pattern: list[float] | None = None  # NVML readings, cycled
+    with_loader: bool = True
+    stall_s: float | None = None
+    end_reason: str = schema.END_COMPLETED
+    warmup_steps: int = 10
+    extra_loaders: list[dict] = field(default_factory=list)
+
+
+def write_run(path: Path, sc: Scenario) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    events = JsonlWriter(path / schema.EVENTS_DIR / f"{MAIN_PID}.jsonl")
+    events.write({"kind": "process", "pid": MAIN_PID, "ppid": 1, "argv": ["train.py"], "t": 0.0,
+                  "rank": None, "local_rank": None, "world_size": None, "torch_version": "2.13.0"})
+    t = 1.0
+    worker_pid = itertools.count(2000)
+    all_workers: list[int] = []
+    config = {"num_workers": sc.num_workers, "pin_memory": sc.pin_memory,
+              "prefetch_factor": sc.prefetch_factor if sc.num_workers else None,
+              "persistent_workers": sc.persistent_workers, "batch_size": sc.batch_size, "drop_last": False,
+              "dataset_type": "Synthetic", "dataset_len": sc.batch_size * sc.steps_per_epoch, "iterable": False,
+              "sampler": "RandomSampler", "batch_sampler": "BatchSampler", "multiprocessing_context": None}
+    t_first = t
+    if sc.with_loader:
+        for epoch in range(sc.epochs):
+            workers = [next(worker_pid) for _ in range(sc.num_workers)]
+            all_workers += workers
+            t_created = t
+            events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": epoch, "loader_id": 0,
+                          "t_created": t_created, "t_ready": t_created + 0.001, "worker_pids": workers,
+                          "config": config})
+            rows, cuda_rows, h2d_rows = [], [], []
+            t += sc.startup_s - sc.wait_s
+            for i in range(sc.steps_per_epoch):
+                t_req = t
+                t_del = t_req + sc.wait_s
+                rows.append([i, t_req, t_del, sc.batch_size])
+                if sc.cuda:
+                    cuda_rows.append([i, sc.gpu_idle_s or 0.0, 1e9, 2e9, 1.5e9])
+                if sc.h2d_host_s is not None:
+                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False])
+                t = t_del + sc.compute_s
+            events.write({"kind": "steps", "pid": MAIN_PID, "iter_id": epoch, "rows": rows})
+            if cuda_rows:
+                events.write({"kind": "cuda", "pid": MAIN_PID, "iter_id": epoch, "rows": cuda_rows})
+            if h2d_rows:
+                events.write({"kind": "h2d", "pid": MAIN_PID, "rows": h2d_rows})
+            _write_fetches(path, sc, workers, t_created + sc.startup_s * 0.5, t)
+            if sc.stall_s is not None and epoch == sc.epochs - 1:
+                events.write({"kind": "stall", "pid": MAIN_PID, "iter_id": epoch, "t_request": t,
+                              "waited_s": sc.stall_s, "worker_pids": workers})
+                t += sc.stall_s
+    else:
+        t += 3.0
+    events.close()
+    _write_samples(path, sc, t_first, t, all_workers)
+    stall = None
+    if sc.stall_s is not None:
+        stall = {"pid": MAIN_PID, "waited_s": sc.stall_s, "worker_pids": all_workers[-sc.num_workers:],
+                 "processes": [{"pid": MAIN_PID, "name": "python", "status": "sleeping", "cpu_pct": 0.0,
+                                "threads": 5, "wchan": "futex_wait"}]
+                 + [{"pid": p, "name": "python", "status": "sleeping", "cpu_pct": 0.0, "threads": 3,
+                     "wchan": "hrtimer_nanosleep"} for p in all_workers[-sc.num_workers:]]}
+        (path / schema.STACKS_DIR).mkdir(exist_ok=True)
+        for p in all_workers[-sc.num_workers:]:
+            (path / schema.STACKS_DIR / f"{p}.txt").write_text(
+                f'Current thread 0x1 (most recent call first):\n  File "/data/hang.py", line 12 in __getitem__\n')
+    meta = schema.RunMeta(schema_version=schema.SCHEMA_VERSION, gpufeed_version="test", name=path.name,
+                          command=["python", "train.py"], cwd=str(path), hostname="test", cpu_count=sc.cpu_count,
+                          started_at_unix=1.7e9, clock_offset_s=1.7e9, t_start=0.0, t_end=t + 0.5,
+                          exit_code=0 if sc.end_reason == schema.END_COMPLETED else 1, end_reason=sc.end_reason,
+                          message="test", warmup_steps=sc.warmup_steps, stall=stall,
+                          sampler={"interval_s": 0.1, "samples": 0, "cpu_s": 0.0,
+                                   "gpu_error": None if sc.gpu_util_pattern else "NVML library not found"})
+    write_json_atomic(path / schema.META_FILE, meta.to_dict())
+    return path
+
+
+def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: float) -> None:
+    producers = workers or [MAIN_PID]
+    per_producer = max(1, sc.steps_per_epoch // len(producers))
+    for n, pid in enumerate(producers):
+        writer = JsonlWriter(path / schema.EVENTS_DIR / f"{pid}.jsonl")
+        span = (t1 - t0) / per_producer
+        rows = []
+        for k in range(per_producer):
+            start = t0 + k * span
+            rows.append([start, start + min(sc.fetch_wall_s, span), sc.fetch_cpu_s, sc.batch_size])
+        writer.write({"kind": "fetches", "pid": pid, "worker_id": n if workers else None,
+                      "torch_threads": sc.worker_torch_threads if workers else 2, "rows": rows})
+        writer.close()
+
+
+def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list[int]) -> None:
+    writer = JsonlWriter(path / schema.SAMPLES_FILE)
+    lines, t, k = [], t0, 0
+    while t <= t1:
+        procs = [[MAIN_PID, 1, 100.0, 6, "running", 500 * 2**20]]
+        procs += [[w, MAIN_PID, 30.0, sc.worker_os_threads, sc.worker_status, 200 * 2**20] for w in workers]
+        gpus = []
+        if sc.gpu_util_pattern:
+            util = sc.gpu_util_pattern[k % len(sc.gpu_util_pattern)]
+            gpus = [{"index": 0, "util_pct": util, "mem_used_b": 30 * 2**30, "mem_total_b": 80 * 2**30,
+                     "procs": {str(MAIN_PID): 30 * 2**30}}]
+        lines.append({"t": t, "cpu_pct": [sc.host_cpu_pct] * sc.cpu_count, "iowait_pct": 0.5,
+                      "mem_used_b": 8 * 2**30, "mem_total_b": 24 * 2**30, "procs": procs, "gpus": gpus})
+        t += 0.1
+        k += 1
+    writer.write_many(lines)
+    writer.close()

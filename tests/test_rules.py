@@ -1,0 +1,190 @@
+"""Each rule fires in the scenario it describes and stays quiet where it should (synthetic records)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from gpufeed.analysis import analyze
+from tests.synthetic import Scenario, write_run
+
+INPUT_RULES = {"too_few_workers", "cpu_saturated", "storage_latency"}
+
+STORAGE = Scenario(wait_s=0.030, compute_s=0.010, fetch_wall_s=0.080, fetch_cpu_s=0.004, host_cpu_pct=30)
+FEW_WORKERS = Scenario(num_workers=0, wait_s=0.020, compute_s=0.010, fetch_wall_s=0.020, fetch_cpu_s=0.019,
+                       host_cpu_pct=50)
+SATURATED = Scenario(wait_s=0.030, compute_s=0.010, fetch_wall_s=0.040, fetch_cpu_s=0.038, host_cpu_pct=97)
+TOO_MANY = Scenario(num_workers=8, wait_s=0.020, compute_s=0.010, fetch_wall_s=0.080, fetch_cpu_s=0.020,
+                    host_cpu_pct=99, worker_status="running")
+OVERSUBSCRIBED = Scenario(wait_s=0.010, compute_s=0.010, fetch_wall_s=0.010, fetch_cpu_s=0.018,
+                          worker_torch_threads=4, worker_os_threads=9, host_cpu_pct=80)
+RESTARTS = Scenario(epochs=10, steps_per_epoch=8, startup_s=0.3, warmup_steps=0)
+PAGEABLE = Scenario(cuda=True, h2d_host_s=0.004, gpu_idle_s=0.0)
+SAWTOOTH = Scenario(cuda=True, wait_s=0.030, compute_s=0.010, fetch_wall_s=0.080, fetch_cpu_s=0.004,
+                    host_cpu_pct=30, gpu_util_pattern=[0, 0, 95, 96, 0, 94, 2, 0])
+HOST_BOUND = Scenario(cuda=True, gpu_util_pattern=[30, 35, 28, 33])
+COMPUTE = Scenario()  # 0.5 ms wait in a 10.5 ms step: under 5%
+NO_LOADER = Scenario(with_loader=False)
+STALLED = Scenario(stall_s=60.0, end_reason="stalled")
+
+
+def diagnose(tmp_path, scenario):
+    return analyze(write_run(tmp_path / "run", scenario))
+
+
+def test_storage_latency_fires_when_workers_sleep(tmp_path):
+    d = diagnose(tmp_path, STORAGE)
+    assert d.bottleneck == "input"
+    f = d.finding("storage_latency")
+    assert f is not None and f.severity == "high"
+    assert f.evidence["worker_asleep_share"] == pytest.approx(0.95, abs=0.01)
+    assert f.evidence["data_wait_share"] == pytest.approx(0.75, abs=0.02)
+    assert "prefetch_factor=4" in f.recommendation
+    suggested = int(f.recommendation.split("num_workers=")[1].split(",")[0])
+    assert suggested > 2, "latency-bound loaders need more workers than they have"
+    assert INPUT_RULES & set(d.finding_ids) == {"storage_latency"}
+
+
+def test_too_few_workers_fires_when_cores_idle(tmp_path):
+    d = diagnose(tmp_path, FEW_WORKERS)
+    f = d.finding("too_few_workers")
+    assert f is not None
+    assert "num_workers=1" in f.recommendation  # 2 cores, one kept for the CPU training step
+    assert INPUT_RULES & set(d.finding_ids) == {"too_few_workers"}
+
+
+def test_too_few_workers_suggests_more_on_a_big_host(tmp_path):
+    d = diagnose(tmp_path, dataclasses.replace(FEW_WORKERS, cpu_count=16, wait_s=0.045,
+                                                   fetch_wall_s=0.045, fetch_cpu_s=0.044))
+    f = d.finding("too_few_workers")
+    assert f is not None
+    assert "num_workers=5" in f.recommendation  # ceil(45 ms fetch / 10 ms compute)
+
+
+def test_cpu_saturated_fires_when_all_cores_busy(tmp_path):
+    d = diagnose(tmp_path, SATURATED)
+    assert d.finding("cpu_saturated") is not None
+    assert INPUT_RULES & set(d.finding_ids) == {"cpu_saturated"}
+
+
+def test_too_many_workers_fires_on_contention(tmp_path):
+    d = diagnose(tmp_path, TOO_MANY)
+    f = d.finding("too_many_workers")
+    assert f is not None
+    assert f.evidence["worker_running_share"] == 1.0
+    assert "num_workers=1" in f.recommendation
+    assert d.finding("cpu_saturated") is None  # more workers than cores: the cure is fewer, not cheaper
+    assert d.finding("storage_latency") is None
+
+
+def test_thread_oversubscription_fires_on_multithreaded_workers(tmp_path):
+    d = diagnose(tmp_path, OVERSUBSCRIBED)
+    f = d.finding("thread_oversubscription")
+    assert f is not None
+    assert f.evidence["worker_torch_threads"] == 4
+    assert "torch.set_num_threads(1)" in f.recommendation
+
+
+def test_worker_restart_fires_on_short_epochs(tmp_path):
+    d = diagnose(tmp_path, RESTARTS)
+    f = d.finding("worker_restart")
+    assert f is not None
+    assert f.evidence["iterators"] == 10
+    assert f.evidence["worker_startup_s"] == pytest.approx(3.0, rel=0.01)
+    assert "persistent_workers=True" in f.recommendation
+
+
+@pytest.mark.parametrize("change", [{"persistent_workers": True}, {"epochs": 1}, {"num_workers": 0}])
+def test_worker_restart_quiet(tmp_path, change):
+    assert diagnose(tmp_path, dataclasses.replace(RESTARTS, **change)).finding("worker_restart") is None
+
+
+def test_pageable_transfer_fires_on_blocking_copies(tmp_path):
+    d = diagnose(tmp_path, PAGEABLE)
+    f = d.finding("pageable_transfer")
+    assert f is not None and f.evidence["h2d_pageable_share"] == pytest.approx(0.38, abs=0.02)
+    assert d.bottleneck == "transfer"
+    assert "pin_memory=True" in f.recommendation and "non_blocking=True" in f.recommendation
+
+
+@pytest.mark.parametrize("change", [{"pin_memory": True}, {"h2d_host_s": 0.0001}])
+def test_pageable_transfer_quiet(tmp_path, change):
+    assert diagnose(tmp_path, dataclasses.replace(PAGEABLE, **change)).finding("pageable_transfer") is None
+
+
+def test_fluctuating_utilization_names_the_sawtooth(tmp_path):
+    d = diagnose(tmp_path, SAWTOOTH)
+    f = d.finding("fluctuating_utilization")
+    assert f is not None and "sawtooth" in f.message
+    assert f.evidence["gpu_util_p5_pct"] < 10 and f.evidence["gpu_util_p95_pct"] > 70
+    assert d.finding("storage_latency") is not None
+
+
+def test_fluctuating_utilization_quiet_when_steady(tmp_path):
+    d = diagnose(tmp_path, dataclasses.replace(SAWTOOTH, gpu_util_pattern=[90, 95, 92]))
+    assert d.finding("fluctuating_utilization") is None
+
+
+def test_host_bound_when_gpu_idles_without_data_wait(tmp_path):
+    d = diagnose(tmp_path, HOST_BOUND)
+    assert d.bottleneck == "host"
+    assert d.finding("host_bound") is not None
+    assert d.finding("compute_bound") is None
+
+
+def test_compute_bound_when_the_loader_keeps_up(tmp_path):
+    d = diagnose(tmp_path, COMPUTE)
+    assert d.bottleneck == "compute"
+    assert d.finding_ids == ["compute_bound"]
+
+
+@pytest.mark.parametrize("scenario", [STORAGE, FEW_WORKERS, SATURATED, TOO_MANY])
+def test_compute_bound_quiet_when_input_bound(tmp_path, scenario):
+    assert diagnose(tmp_path, scenario).finding("compute_bound") is None
+
+
+@pytest.mark.parametrize("scenario", [COMPUTE, STORAGE, FEW_WORKERS, SATURATED])
+def test_contention_rules_quiet_without_contention(tmp_path, scenario):
+    d = diagnose(tmp_path, scenario)
+    assert d.finding("too_many_workers") is None
+    assert d.finding("thread_oversubscription") is None
+
+
+def test_no_dataloader(tmp_path):
+    d = diagnose(tmp_path, NO_LOADER)
+    assert d.finding_ids == ["no_dataloader"]
+    assert "40%" in d.finding("no_dataloader").message  # host utilization is still reported
+
+
+def test_loader_stalled_names_what_workers_do(tmp_path):
+    d = diagnose(tmp_path, STALLED)
+    f = d.finding("loader_stalled")
+    assert f is not None and f.severity == "high"
+    assert "60 s" in f.message and "hang.py" in f.message
+    assert d.findings[0].id == "loader_stalled"
+
+
+def test_findings_ranked_by_cost(tmp_path):
+    d = diagnose(tmp_path, dataclasses.replace(STORAGE, epochs=4, steps_per_epoch=30, startup_s=0.2))
+    costs = [f.cost_share or 0.0 for f in d.findings]
+    assert costs == sorted(costs, reverse=True)
+
+
+def test_every_finding_has_evidence_and_a_fix(tmp_path):
+    for i, scenario in enumerate([STORAGE, FEW_WORKERS, SATURATED, TOO_MANY, OVERSUBSCRIBED, RESTARTS,
+                                  PAGEABLE, SAWTOOTH, HOST_BOUND, COMPUTE, NO_LOADER, STALLED]):
+        for f in analyze(write_run(tmp_path / str(i), scenario)).findings:
+            assert f.message and f.recommendation and f.evidence, f.id
+            assert f.severity in ("high", "medium", "low", "info")
+
+
+@pytest.mark.parametrize("scenario", [STORAGE, FEW_WORKERS, SATURATED, TOO_MANY, OVERSUBSCRIBED, RESTARTS,
+                                      NO_LOADER])
+def test_rules_survive_missing_readings(tmp_path, scenario):
+    """No sampler timeline: host numbers are N/A, and every message still renders."""
+    run = write_run(tmp_path / "run", scenario)
+    (run / "samples.jsonl").unlink()
+    d = analyze(run)
+    assert d.metrics.cpu_util_pct is None
+    for f in d.findings:
+        assert "None" not in f.message
