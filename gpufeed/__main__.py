@@ -1,0 +1,5 @@
+import sys
+
+from gpufeed.cli import main
+
+sys.exit(main())

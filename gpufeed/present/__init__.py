@@ -1,0 +1,1 @@
+"""Front ends that present a diagnosis: the terminal summary (and, later, the report and monitor)."""

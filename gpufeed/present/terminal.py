@@ -1,0 +1,85 @@
+"""The terminal summary: numbers first, then findings ranked by the time they cost."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
+from gpufeed.units import NA, fmt, human_bytes
+
+SEVERITY_STYLE = {HIGH: "bold red", MEDIUM: "yellow", LOW: "cyan", INFO: "green"}
+
+
+def numbers_table(d: Diagnosis) -> Table:
+    m = d.metrics
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    if m.steps:
+        table.add_row("Throughput", f"{fmt(m.samples_per_s, ',.0f')} samples/s over {m.steps} steps "
+                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps)")
+        table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
+                                   f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
+                                   f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")
+        table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
+                                   f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in next(loader)")
+    if d.gpu_available:
+        gpu = (f"util p5/p50/p95 {fmt(m.gpu_util_p5_pct, '.0f')}/{fmt(m.gpu_util_p50_pct, '.0f')}/"
+               f"{fmt(m.gpu_util_p95_pct, '.0f', '%')} · idle waiting for data {fmt(m.gpu_idle_share, '.0%')} · "
+               f"memory {human_bytes(m.gpu_mem_used_max_b)} of {human_bytes(m.gpu_mem_total_b)}")
+    else:
+        gpu = f"{NA}: {d.gpu_unavailable_reason or 'no GPU found'}"
+    table.add_row("GPU", gpu)
+    per_core = " ".join(f"{v:.0f}" for v in m.cpu_util_per_core_pct)
+    table.add_row("CPU", f"{fmt(m.cpu_util_pct, '.0f', '%')} of {m.cpu_count} cores (per core: {per_core or NA}) · "
+                         f"iowait {fmt(m.iowait_pct, '.0f', '%')} · RAM {human_bytes(m.mem_used_max_b)} "
+                         f"of {human_bytes(m.mem_total_b)}")
+    if m.num_workers is not None:
+        if m.num_workers:
+            workers = (f"{m.num_workers} workers · asleep {fmt(m.worker_asleep_share, '.0%')} of their fetch time · "
+                       f"{fmt(m.fetch_ms_per_batch_p50, '.0f', ' ms')} per batch · "
+                       f"{fmt(m.worker_threads_median, '.0f')} threads each")
+        else:
+            workers = f"num_workers=0: batches made in the training process ({fmt(m.fetch_ms_per_batch_p50, '.0f', ' ms')} each)"
+        if m.worker_startup_s is not None:
+            workers += f" · start-up {m.worker_startup_s:.2f} s ({fmt(m.worker_startup_share, '.0%')})"
+        table.add_row("Loader", workers)
+    return table
+
+
+def finding_block(index: int, f: Finding) -> Group:
+    head = Text.assemble((f"{index}. ", "bold"), (f"{f.severity.upper():<6}", SEVERITY_STYLE[f.severity]),
+                         (f" {f.id}", "bold"), "  ", f.message)
+    fix = Text.assemble(("   fix: ", "bold green"), f.recommendation)
+    evidence = ", ".join(f"{k}={_evidence_value(v)}" for k, v in f.evidence.items()
+                         if v is not None and not isinstance(v, (list, dict)))
+    return Group(head, fix, Text(f"   evidence: {evidence}", style="dim"))
+
+
+def _evidence_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def render(d: Diagnosis, console: Console | None = None) -> None:
+    console = console or Console()
+    run = d.run
+    status_style = "green" if run.get("end_reason") in ("completed", "steps_reached") else "bold red"
+    console.print(Text.assemble(("gpufeed ", "bold"), ("· ", "dim"), " ".join(run.get("command") or [])))
+    if run.get("message"):
+        console.print(Text(run["message"], style=status_style))
+    bottleneck = (d.bottleneck or "unknown").upper()
+    console.print(Text.assemble(("Bottleneck: ", "bold"), (bottleneck, "bold magenta")))
+    console.print(Panel(numbers_table(d), title="measured", title_align="left", expand=False))
+    if d.findings:
+        console.print(Text("Findings, ranked by the time they cost:", style="bold"))
+        for i, f in enumerate(d.findings, 1):
+            console.print(finding_block(i, f))
+    for w in d.warnings:
+        console.print(Text(f"note: {w}", style="yellow"))
+    console.print(Text(f"Run record: {d.run_dir}  (gpufeed analyze {d.run_dir})", style="dim"))

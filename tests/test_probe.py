@@ -1,0 +1,149 @@
+"""The probe inside the training process: every kind of batch, workers, the import hook, and the
+``sitecustomize`` it must not break. Real DataLoaders with real worker processes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+import gpufeed
+from gpufeed.measure.inside import probe as probe_module
+from gpufeed.measure.inside.probe import count_samples
+from gpufeed.measure.runner import BOOTSTRAP_DIR
+from gpufeed.record.reader import load_run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Squares(Dataset):
+    def __init__(self, n=64, sleep_s=0.0):
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.sleep_s)
+        return {"x": torch.full((3,), float(i)), "y": i}
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, 48, step):
+            yield torch.tensor([float(i)]), i
+
+
+class Batch:
+    def __init__(self, items):
+        self.x = torch.stack([it["x"] for it in items])
+        self.y = torch.tensor([it["y"] for it in items])
+
+
+def test_count_samples_of_any_batch_shape():
+    assert count_samples(torch.zeros(7, 3)) == 7
+    assert count_samples((torch.zeros(5), torch.zeros(5))) == 5
+    assert count_samples({"meta": "id", "x": torch.zeros(4, 2)}) == 4
+    assert count_samples(Batch([{"x": torch.zeros(3), "y": 1}] * 6)) == 6
+    assert count_samples("text") is None
+    assert count_samples(torch.tensor(3.0)) == 1
+
+
+@pytest.mark.parametrize("kind", ["dict", "custom", "iterable"])
+def test_profile_measures_every_batch_kind_with_workers(tmp_path, kind):
+    if kind == "iterable":
+        loader = DataLoader(Stream(), batch_size=8, num_workers=2)
+        expected_samples = 48
+    elif kind == "custom":
+        loader = DataLoader(Squares(), batch_size=8, num_workers=2, collate_fn=Batch)
+        expected_samples = 64
+    else:
+        loader = DataLoader(Squares(), batch_size=8, num_workers=2)
+        expected_samples = 64
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        batches = list(loader)
+    assert batches, "the loader still yields its batches unchanged"
+    (summary,) = run.diagnosis.loaders
+    assert summary.samples == expected_samples
+    assert len(summary.worker_pids) == 2
+    assert summary.config["num_workers"] == 2
+    assert summary.config["iterable"] is (kind == "iterable")
+    fetchers = {f.pid for f in load_run(run.run_dir).fetches}
+    assert fetchers == set(summary.worker_pids), "each worker recorded the batches it produced"
+
+
+def test_profile_restores_torch_and_refuses_nesting(tmp_path):
+    from torch.utils.data import dataloader
+    original_next = dataloader._BaseDataLoaderIter.__next__
+    with gpufeed.profile(out=tmp_path / "a"):
+        assert dataloader._BaseDataLoaderIter.__next__ is not original_next
+        with pytest.raises(RuntimeError, match="already measuring"):
+            with gpufeed.profile(out=tmp_path / "b"):
+                pass
+    assert dataloader._BaseDataLoaderIter.__next__ is original_next
+    assert probe_module.active_probe() is None
+
+
+def test_profile_keeps_record_when_the_block_raises(tmp_path):
+    with pytest.raises(ValueError):
+        with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+            for i, _ in enumerate(DataLoader(Squares(), batch_size=4)):
+                if i == 5:
+                    raise ValueError("boom")
+    assert run.diagnosis.run["end_reason"] == "failed"
+    assert "ValueError: boom" in run.diagnosis.run["message"]
+    assert run.diagnosis.loaders[0].steps == 6
+
+
+def _run_python(code: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **env_extra)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_bootstrap_waits_for_torch_and_chains_the_users_sitecustomize(tmp_path):
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    run_dir = tmp_path / "run"
+    code = """
+        import os, sys
+        assert os.environ.get('USER_SITECUSTOMIZE_RAN') == 'yes', 'user sitecustomize did not run'
+        assert 'torch' not in sys.modules, 'gpufeed imported torch early'
+        import torch
+        from torch.utils.data import DataLoader
+        from gpufeed.measure.inside.probe import active_probe
+        assert active_probe() is not None, 'probe not armed after torch import'
+        print(sum(1 for _ in DataLoader(list(range(10)), batch_size=2)))
+    """
+    result = _run_python(code, {"PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), str(user_site), str(REPO)]),
+                                "GPUFEED_RUN_DIR": str(run_dir)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "5"
+    assert list((run_dir / "events").glob("*.jsonl")), "events were written"
+
+
+def test_max_steps_ends_the_process_cleanly(tmp_path):
+    code = """
+        import torch
+        from torch.utils.data import DataLoader
+        try:
+            for epoch in range(1000):
+                for batch in DataLoader(list(range(100)), batch_size=2):
+                    pass
+        finally:
+            print('finally ran')
+    """
+    result = _run_python(code, {"PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), str(REPO)]),
+                                "GPUFEED_RUN_DIR": str(tmp_path), "GPUFEED_MAX_STEPS": "7"})
+    assert result.returncode == 0, result.stderr
+    assert "finally ran" in result.stdout
+    assert (tmp_path / "steps-reached").exists()
