@@ -25,6 +25,12 @@ CPU_SATURATED_PCT = 90.0
 # Workers contend when the CPU-bound ones are runnable but not running: they are on the CPU for
 # less than this share of their fetch time although the host is saturated.
 WORKER_CONTENDED_CPU_RATIO = 0.8
+# Off-CPU workers are queuing for a core, not sleeping on I/O, when the sampler finds them in
+# state R (runnable) at least this often; half is the natural split between the two.
+WORKER_RUNNABLE_SHARE = 0.5
+# Programs outside the command are named in a finding once they take this many cores on average
+# (a quarter core is well above the sampler's own noise on an idle machine).
+OTHER_PROGRAMS_CORES = 0.25
 
 # -- Threads inside workers ------------------------------------------------------------------------
 # A worker using more than this many cores while it fetches runs several compute threads

@@ -188,3 +188,11 @@ def test_rules_survive_missing_readings(tmp_path, scenario):
     assert d.metrics.cpu_util_pct is None
     for f in d.findings:
         assert "None" not in f.message
+
+
+def test_storage_latency_on_a_host_busy_with_other_programs(tmp_path):
+    """Sleeping workers point at storage even when other programs fill the CPU; those are named."""
+    d = diagnose(tmp_path, dataclasses.replace(STORAGE, host_cpu_pct=99))
+    f = d.finding("storage_latency")
+    assert f is not None and "Other programs used" in f.message
+    assert d.finding("cpu_saturated") is None and d.finding("too_many_workers") is None

@@ -76,6 +76,7 @@ class Metrics:
     cpu_util_pct: float | None = None          # mean over cores
     cpu_util_per_core_pct: list[float] = field(default_factory=list)
     cpu_cores_busy: float | None = None
+    cpu_cores_command: float | None = None     # cores used by the command's own process tree
     iowait_pct: float | None = None
     mem_used_max_b: float | None = None
     mem_total_b: float | None = None
@@ -219,10 +220,12 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
     if len(rows):
         wall = rows[:, 1] - rows[:, 0]
         m.fetch_ms_per_batch_p50 = _ms(_pct(wall, 50))
-        if wall.sum() > 0:
-            m.worker_fetch_cpu_ratio = float(rows[:, 2].sum() / wall.sum())
+        # CPU time is taken for a sample of the batches in the training process (see the probe).
+        timed = np.isfinite(rows[:, 2])
+        if wall[timed].sum() > 0:
+            m.worker_fetch_cpu_ratio = float(rows[timed, 2].sum() / wall[timed].sum())
             m.worker_asleep_share = max(0.0, 1.0 - m.worker_fetch_cpu_ratio)
-        cpu_per_sample = rows[:, 2].sum() / max(rows[:, 3].sum(), 1.0)
+        cpu_per_sample = rows[timed, 2].sum() / max(rows[timed, 3].sum(), 1.0)
         if cpu_per_sample > 0:
             m.loader_cpu_bound_samples_per_s = m.cpu_count / cpu_per_sample
         threads = [f.torch_threads for f in fetches if f.torch_threads is not None and f.worker_id is not None]
@@ -270,6 +273,9 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) ->
     m.iowait_pct = _mean(s.iowait_pct[mask])
     m.mem_used_max_b = float(np.nanmax(s.mem_used_b[mask])) if np.isfinite(s.mem_used_b[mask]).any() else None
     m.mem_total_b = s.mem_total_b if math.isfinite(s.mem_total_b) else None
+
+    tree_cores = [sum(row[2] or 0.0 for row in s.procs[i]) / 100.0 for i in np.flatnonzero(mask) if s.procs[i]]
+    m.cpu_cores_command = float(np.mean(tree_cores)) if tree_cores else None
 
     workers = record.worker_pids
     if not workers:

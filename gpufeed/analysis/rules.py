@@ -32,7 +32,24 @@ def _host_saturated(m: Metrics) -> bool:
 
 
 def _workers_asleep(m: Metrics) -> bool:
-    return m.worker_fetch_cpu_ratio is not None and m.worker_fetch_cpu_ratio < th.WORKER_ASLEEP_CPU_RATIO
+    """Off the CPU for most of their fetch time, and not because they queue for a core."""
+    return (m.worker_fetch_cpu_ratio is not None and m.worker_fetch_cpu_ratio < th.WORKER_ASLEEP_CPU_RATIO
+            and not _workers_runnable(m))
+
+
+def _workers_runnable(m: Metrics) -> bool:
+    """The sampler mostly saw the workers runnable (state R): they want a core, they are not waiting on I/O."""
+    return m.worker_running_share is not None and m.worker_running_share >= th.WORKER_RUNNABLE_SHARE
+
+
+def _others_sentence(m: Metrics) -> str:
+    """Say so when programs outside the command take a large part of the busy CPU."""
+    if m.cpu_cores_command is None or m.cpu_cores_busy is None:
+        return ""
+    others = m.cpu_cores_busy - m.cpu_cores_command
+    if others < th.OTHER_PROGRAMS_CORES:
+        return ""
+    return f" Other programs used {others:.1f} of the {m.cpu_count} cores; the command used {m.cpu_cores_command:.1f}."
 
 
 def _wait_sentence(m: Metrics) -> str:
@@ -87,25 +104,27 @@ def too_few_workers(ctx: Context) -> Finding | None:
 
 def cpu_saturated(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if not _input_bound(m) or not _host_saturated(m) or (m.num_workers or 0) > m.cpu_count:
+    if (not _input_bound(m) or not _host_saturated(m) or _workers_asleep(m)
+            or (m.num_workers or 0) > m.cpu_count):
         return None
     cpu_ms = _cpu_ms_per_sample(m)
     cost = f" ({fmt(cpu_ms, '.1f')} ms of CPU per sample)" if cpu_ms else ""
     return Finding(
         id="cpu_saturated", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
         message=(f"{_wait_sentence(m)} and all {m.cpu_count} cores were {fmt(m.cpu_util_pct, '.0f')}% busy: "
-                 "the CPU cannot prepare batches faster, so more workers cannot help."),
+                 f"the CPU cannot prepare batches faster, so more workers cannot help.{_others_sentence(m)}"),
         recommendation=(f"Make each sample cheaper to prepare{cost}: decode smaller images, cache decoded "
                         "samples, move augmentation to the GPU; or run on more CPU cores."),
         evidence={**_wait_evidence(m), "cpu_util_pct": m.cpu_util_pct, "cpu_count": m.cpu_count,
-                  "num_workers": m.num_workers, "loader_cpu_ms_per_sample": cpu_ms},
+                  "cpu_cores_command": m.cpu_cores_command, "num_workers": m.num_workers,
+                  "loader_cpu_ms_per_sample": cpu_ms},
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG, "cpu_util_pct": th.CPU_SATURATED_PCT},
     )
 
 
 def storage_latency(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if not _input_bound(m) or not _workers_asleep(m) or _host_saturated(m) or m.num_workers is None:
+    if not _input_bound(m) or not _workers_asleep(m) or m.num_workers is None:
         return None
     needed = max(m.workers_needed or 0, 2 * max(m.num_workers, 1))
     # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
@@ -114,7 +133,8 @@ def storage_latency(ctx: Context) -> Finding | None:
         id="storage_latency", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
         message=(f"{_wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {m.cpu_count} cores "
                  f"and the workers were {fmt(m.worker_asleep_share, '.0%')} asleep while fetching "
-                 f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."),
+                 f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."
+                 f"{_others_sentence(m)}"),
         recommendation=(f"DataLoader(..., num_workers={suggested}, prefetch_factor={th.LATENCY_PREFETCH_FACTOR}): "
                         f"waiting workers cost little CPU, so more of them than cores pays {_tune_hint()}; "
                         "or move the data to local SSD / cache it."),
@@ -124,14 +144,15 @@ def storage_latency(ctx: Context) -> Finding | None:
                   "iowait_pct": m.iowait_pct, "cpu_util_pct": m.cpu_util_pct},
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG,
                     "worker_fetch_cpu_ratio_below": th.WORKER_ASLEEP_CPU_RATIO,
-                    "cpu_util_pct_below": th.CPU_SATURATED_PCT},
+                    "worker_running_share_below": th.WORKER_RUNNABLE_SHARE},
     )
 
 
 def too_many_workers(ctx: Context) -> Finding | None:
     m = ctx.metrics
     if (m.num_workers is None or m.num_workers <= m.cpu_count or not _host_saturated(m)
-            or m.worker_fetch_cpu_ratio is None or m.worker_fetch_cpu_ratio >= th.WORKER_CONTENDED_CPU_RATIO):
+            or m.worker_fetch_cpu_ratio is None or m.worker_fetch_cpu_ratio >= th.WORKER_CONTENDED_CPU_RATIO
+            or (m.worker_running_share is not None and not _workers_runnable(m))):
         return None
     running = (f"; {fmt(m.worker_running_share, '.0%')} of worker samples were runnable, waiting for a core"
                if m.worker_running_share is not None else "")
@@ -146,7 +167,8 @@ def too_many_workers(ctx: Context) -> Finding | None:
                   "worker_running_share": m.worker_running_share, "data_wait_share": m.data_wait_share,
                   "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50},
         thresholds={"num_workers_above": m.cpu_count, "cpu_util_pct": th.CPU_SATURATED_PCT,
-                    "worker_fetch_cpu_ratio_below": th.WORKER_CONTENDED_CPU_RATIO},
+                    "worker_fetch_cpu_ratio_below": th.WORKER_CONTENDED_CPU_RATIO,
+                    "worker_running_share": th.WORKER_RUNNABLE_SHARE},
     )
 
 

@@ -23,7 +23,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples]
 ``fetches``   pid, worker_id (null in the main process), torch_threads,
-              rows of [t_start, t_end, cpu_s, samples]: one dataset fetch (one batch) each
+              rows of [t_start, t_end, cpu_s, samples]: one dataset fetch (one batch) each;
+              cpu_s is null for batches whose CPU time was not taken (the training process
+              takes it for one batch in 8, workers for every batch)
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
 ``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
 ``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds

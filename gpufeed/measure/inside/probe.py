@@ -39,6 +39,9 @@ ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a 
 FLUSH_INTERVAL_S = 1.0       # the issue's promise: flushed at least every second
 MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
 MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the oldest are dropped
+# Reading process CPU time is a system call (~0.6 us): workers take it for every batch, the training
+# process (num_workers=0, on the step's critical path) for one batch in this many.
+MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
 
 _clock = time.perf_counter
 
@@ -99,7 +102,14 @@ class Probe:
         self._iter_ids = itertools.count()
         self._loader_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._pid = -1
+        self._forked = False
         self._start_in_this_process()
+        # A forked DataLoader worker inherits this object: it must start its own file and thread.
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._mark_forked)
+
+    def _mark_forked(self) -> None:
+        self._forked = True
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _start_in_this_process(self) -> None:
@@ -109,18 +119,22 @@ class Probe:
         self._iterators: list[_IteratorState] = []
         self._fetch_rows: list[tuple] = []
         self._fetch_meta: dict | None = None
+        self.fetch_count = 0
+        self.cpu_sample_every = MAIN_PROCESS_CPU_SAMPLE_EVERY
         self._h2d_rows: list[tuple] = []
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self._pid}.jsonl"))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._background, name="gpufeed-probe", daemon=True)
         self._thread.start()
 
-    def ensure_this_process(self) -> None:
+    def start_after_fork(self) -> None:
+        self._forked = False
         if self._pid != os.getpid():
             self._start_in_this_process()
-            self._on_worker_start()
 
     def _on_worker_start(self) -> None:
+        """First batch in a DataLoader worker (forked or spawned)."""
+        self.cpu_sample_every = 1
         # Worker processes of multiprocessing never run atexit handlers; its Finalize hooks do run.
         import multiprocessing.util
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)
@@ -186,13 +200,13 @@ class Probe:
         self.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
                    t_ready=_clock(), worker_pids=worker_pids, config=loader_config(loader))
 
-    def record_fetch(self, t0: float, t1: float, cpu_s: float, samples: int) -> None:
-        if self._fetch_meta is None:
-            import torch
-            info = torch.utils.data.get_worker_info()
-            self._fetch_meta = {"worker_id": info.id if info is not None else None,
-                                "torch_threads": torch.get_num_threads()}
-        self._fetch_rows.append((t0, t1, cpu_s, samples))
+    def first_fetch_in_process(self) -> None:
+        import torch
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            self._on_worker_start()
+        self._fetch_meta = {"worker_id": info.id if info is not None else None,
+                            "torch_threads": torch.get_num_threads()}
 
     def record_h2d(self, t: float, nbytes: int, host_s: float, pinned: bool) -> None:
         self._h2d_rows.append((t, nbytes, host_s, pinned))
@@ -354,29 +368,37 @@ def patch_torch(probe: Probe) -> None:
             state.next_index = index + 1
             samples = count_samples(batch)
             state.rows.append((index, t_request, t_deliver,
-                               samples if samples is not None else state.samples_per_batch))
+                               state.samples_per_batch if samples is None else samples))
             if cuda:
                 end_event = torch.cuda.Event(enable_timing=True)
                 end_event.record()
                 probe.cuda_step(state, index, start_event, end_event, t_deliver)
             probe.total_steps += 1
-            if probe.max_steps is not None and probe.total_steps >= probe.max_steps:
+            if probe.total_steps == probe.max_steps:
                 probe.steps_reached()
             return batch
         return __next__
 
     def make_fetch(original):
+        process_time = time.process_time
+
         def fetch(self, possibly_batched_index):
             probe = _probe
             if probe is None:
                 return original(self, possibly_batched_index)
-            probe.ensure_this_process()
+            if probe._forked:
+                probe.start_after_fork()
+            if probe._fetch_meta is None:
+                probe.first_fetch_in_process()
             # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
-            cpu0, t0 = time.process_time(), _clock()
+            sample_cpu = probe.fetch_count % probe.cpu_sample_every == 0
+            probe.fetch_count += 1
+            cpu0 = process_time() if sample_cpu else 0.0
+            t0 = _clock()
             batch = original(self, possibly_batched_index)
-            t1, cpu1 = _clock(), time.process_time()
-            samples = len(possibly_batched_index) if self.auto_collation else 1
-            probe.record_fetch(t0, t1, cpu1 - cpu0, samples)
+            t1 = _clock()
+            probe._fetch_rows.append((t0, t1, process_time() - cpu0 if sample_cpu else None,
+                                      len(possibly_batched_index) if self.auto_collation else 1))
             return batch
         return fetch
 
@@ -401,11 +423,18 @@ def unpatch_torch() -> None:
 
 def _cuda_in_use() -> bool:
     """True once the training process has initialised CUDA (never initialises it itself)."""
+    global _cuda_seen
+    if _cuda_seen:
+        return True
     cuda = sys.modules.get("torch.cuda")
     if cuda is None or not cuda.is_initialized():
         return False
     _patch_h2d()
+    _cuda_seen = True
     return True
+
+
+_cuda_seen = False
 
 
 # -- host-to-device copies (only once CUDA is in use) ---------------------------------------------------
