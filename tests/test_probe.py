@@ -147,3 +147,54 @@ def test_max_steps_ends_the_process_cleanly(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "finally ran" in result.stdout
     assert (tmp_path / "steps-reached").exists()
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: the 'GPU' reaches an event two steps after it is recorded,
+    and was idle for half of each host wait."""
+
+    recorded = 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+
+    def record(self):
+        FakeEvent.recorded += 1
+        self.serial, self.t = FakeEvent.recorded, time.perf_counter()
+
+    def query(self):
+        return FakeEvent.recorded - self.serial >= 4  # two steps = four events later
+
+    def synchronize(self):
+        self.synchronized = True
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1000.0 * 0.5
+
+
+def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
+    """The CUDA bookkeeping (events per step, resolved later without synchronising) on a fake device."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: {"allocated_bytes.all.current": 10,
+                                                                 "reserved_bytes.all.current": 30,
+                                                                 "allocated_bytes.all.peak": 20})
+    resolved_during_run = []
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=2) as run:
+        loader = DataLoader(Squares(n=40, sleep_s=0.002), batch_size=2)
+        state = None
+        for i, _ in enumerate(loader):
+            state = state or probe_module.active_probe()._iterators[0]
+            resolved_during_run.append(len(state.cuda_rows))
+            time.sleep(0.001)
+        assert "to" in torch.Tensor.__dict__, "host-to-device copies are watched once CUDA is in use"
+        assert torch.ones(2).to(torch.float64).dtype == torch.float64
+    assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__, "Tensor restored"
+    assert max(resolved_during_run) > 0, "events were resolved during the run, not only at the end"
+    assert all(n <= i for i, n in enumerate(resolved_during_run)), "never ahead of the GPU"
+    m = run.metrics
+    assert m.cuda_used
+    assert m.gpu_idle_share == pytest.approx(0.5 * m.data_wait_share, rel=0.15)
+    assert m.cuda_mem_allocated_peak_b == 20
+    rows = load_run(run.run_dir).iterators[0].cuda
+    assert len(rows) == 20, "every step resolved by the end"

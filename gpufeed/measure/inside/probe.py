@@ -176,7 +176,10 @@ class Probe:
         lines = events
         for it in iterators:
             if final:
-                self._resolve_cuda(it, wait=True)
+                try:
+                    self._resolve_cuda(it, wait=True)
+                except Exception:
+                    it.cuda_pending.clear()
             # list.append and this swap are both atomic under the GIL: no step is lost or doubled.
             rows, it.rows = it.rows, []
             if rows:
@@ -218,11 +221,17 @@ class Probe:
         memory = None
         if now - state.last_memory_t >= MEMORY_INTERVAL_S:
             state.last_memory_t = now
-            stats = torch.cuda.memory_stats()
-            memory = (stats.get("allocated_bytes.all.current"), stats.get("reserved_bytes.all.current"),
-                      stats.get("allocated_bytes.all.peak"))
+            try:
+                stats = torch.cuda.memory_stats()
+                memory = (stats.get("allocated_bytes.all.current"), stats.get("reserved_bytes.all.current"),
+                          stats.get("allocated_bytes.all.peak"))
+            except Exception:
+                memory = None
         state.cuda_pending.append((index, start_event, end_event, memory))
-        self._resolve_cuda(state, wait=False)
+        try:
+            self._resolve_cuda(state, wait=False)
+        except Exception:
+            state.cuda_pending.clear()  # a broken event pair must not break training
 
     @staticmethod
     def _resolve_cuda(state: _IteratorState, wait: bool) -> None:
@@ -304,19 +313,26 @@ def active_probe() -> Probe | None:
 
 
 def _patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
-    original = cls.__dict__[name]
-    if getattr(original, "_gpufeed_original", None) is not None:
+    current = getattr(cls, name)
+    if getattr(current, "_gpufeed_original", None) is not None:
         return  # already patched
-    wrapper = make(original)
-    wrapper._gpufeed_original = original
-    wrapper.__name__ = original.__name__
-    wrapper.__doc__ = original.__doc__
+    wrapper = make(current)
+    wrapper._gpufeed_original = current
+    # Tensor.to lives on a C base class: restoring means deleting our override, not setting it back.
+    wrapper._gpufeed_inherited = name not in cls.__dict__
+    wrapper.__name__ = getattr(current, "__name__", name)
+    wrapper.__doc__ = current.__doc__
     setattr(cls, name, wrapper)
 
 
 def _unpatch(cls: type, name: str) -> None:
-    original = getattr(cls.__dict__.get(name), "_gpufeed_original", None)
-    if original is not None:
+    wrapper = cls.__dict__.get(name)
+    original = getattr(wrapper, "_gpufeed_original", None)
+    if original is None:
+        return
+    if wrapper._gpufeed_inherited:
+        delattr(cls, name)
+    else:
         setattr(cls, name, original)
 
 
@@ -352,11 +368,7 @@ def patch_torch(probe: Probe) -> None:
             probe, state = _probe, getattr(self, "_gpufeed_state", None)
             if probe is None or state is None:
                 return original(self)
-            cuda = _cuda_in_use()
-            if cuda:
-                import torch
-                start_event = torch.cuda.Event(enable_timing=True)
-                start_event.record()
+            start_event = _cuda_event() if _cuda_in_use() else None
             t_request = _clock()
             probe.pending_since, probe.pending_iter = t_request, state
             try:
@@ -369,10 +381,10 @@ def patch_torch(probe: Probe) -> None:
             samples = count_samples(batch)
             state.rows.append((index, t_request, t_deliver,
                                state.samples_per_batch if samples is None else samples))
-            if cuda:
-                end_event = torch.cuda.Event(enable_timing=True)
-                end_event.record()
-                probe.cuda_step(state, index, start_event, end_event, t_deliver)
+            if start_event is not None:
+                end_event = _cuda_event()
+                if end_event is not None:
+                    probe.cuda_step(state, index, start_event, end_event, t_deliver)
             probe.total_steps += 1
             if probe.total_steps == probe.max_steps:
                 probe.steps_reached()
@@ -410,8 +422,9 @@ def patch_torch(probe: Probe) -> None:
 
 
 def unpatch_torch() -> None:
-    global _probe
+    global _probe, _cuda_seen, _cuda_failed
     _probe = None
+    _cuda_seen = _cuda_failed = False
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch
     for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "_reset"),
@@ -435,6 +448,23 @@ def _cuda_in_use() -> bool:
 
 
 _cuda_seen = False
+_cuda_failed = False
+
+
+def _cuda_event():
+    """An event recorded now in the current stream; None (and timing off) if CUDA refuses."""
+    global _cuda_failed
+    if _cuda_failed:
+        return None
+    try:
+        import torch
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    except Exception as error:  # never break the user's training for a measurement
+        _cuda_failed = True
+        sys.stderr.write(f"gpufeed: CUDA event timing disabled ({type(error).__name__}: {error})\n")
+        return None
 
 
 # -- host-to-device copies (only once CUDA is in use) ---------------------------------------------------
@@ -453,7 +483,10 @@ def _patch_h2d() -> None:
             out = original(self, *args, **kwargs)
             t1 = _clock()
             if out is not self and getattr(out, "is_cuda", False):
-                probe.record_h2d(t0, self.element_size() * self.numel(), t1 - t0, bool(self.is_pinned()))
+                try:
+                    probe.record_h2d(t0, self.element_size() * self.numel(), t1 - t0, bool(self.is_pinned()))
+                except Exception:
+                    pass  # a measurement never breaks the copy
             return out
         return copy
 
