@@ -102,7 +102,9 @@ def write_run(path: Path, sc: Scenario) -> Path:
         (path / schema.STACKS_DIR).mkdir(exist_ok=True)
         for p in all_workers[-sc.num_workers:]:
             (path / schema.STACKS_DIR / f"{p}.txt").write_text(
-                f'Current thread 0x1 (most recent call first):\n  File "/data/hang.py", line 12 in __getitem__\n')
+                'Thread 0x2 (most recent call first):\n  File "/usr/lib/python3/threading.py", line 331 in wait\n\n'
+                'Current thread 0x1 (most recent call first):\n  File "/data/hang.py", line 12 in __getitem__\n'
+                '  File "/torch/utils/data/_utils/worker.py", line 374 in _worker_loop\n')
     meta = schema.RunMeta(schema_version=schema.SCHEMA_VERSION, gpufeed_version="test", name=path.name,
                           command=["python", "train.py"], cwd=str(path), hostname="test", cpu_count=sc.cpu_count,
                           started_at_unix=1.7e9, clock_offset_s=1.7e9, t_start=0.0, t_end=t + 0.5,

@@ -332,11 +332,13 @@ def loader_stalled(ctx: Context) -> Finding | None:
 
 
 def _innermost_frame(stack: str) -> str | None:
-    """The innermost 'File "...", line N in f' of the thread that was current (listed first)."""
-    lines = [line.strip() for line in stack.splitlines()]
-    for line in lines:
-        if line.startswith("File "):
-            return line.replace("File ", "", 1)
+    """Where the process's main thread was: the innermost frame of the thread whose stack reaches
+    the program's entry (``<module>``, or a DataLoader worker's ``_worker_loop``)."""
+    blocks = [block.splitlines() for block in stack.split("\n\n")]
+    for block in blocks:
+        frames = [line.strip() for line in block if line.strip().startswith("File ")]
+        if any(line.endswith((" in <module>", " in _worker_loop")) for line in frames):
+            return frames[0].replace("File ", "", 1)
     return None
 
 

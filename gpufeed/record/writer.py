@@ -21,18 +21,24 @@ def dumps(obj: Any) -> str:
 
 
 class JsonlWriter:
-    """One JSON object per line, appended; each ``write_many`` is one ``write`` + ``flush``."""
+    """One JSON object per line, appended with plain ``write`` system calls.
+
+    Unbuffered on purpose: the probe's writer lives in processes that fork DataLoader workers,
+    and a buffered file object's internal lock, held by a flushing thread at the moment of a fork,
+    would stay locked forever in the child.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._file = open(self.path, "ab", buffering=0)
 
     def write_many(self, objs: Iterable[Any]) -> None:
-        text = "".join(dumps(o) + "\n" for o in objs)
-        if text and not self._file.closed:
-            self._file.write(text)
-            self._file.flush()
+        data = "".join(dumps(o) + "\n" for o in objs).encode("utf-8")
+        view = memoryview(data)
+        while view and not self._file.closed:
+            written = self._file.write(view)
+            view = view[written or 0:]
 
     def write(self, obj: Any) -> None:
         self.write_many((obj,))

@@ -98,7 +98,6 @@ class Probe:
         self.pending_since: float | None = None   # set while the main thread waits inside next()
         self.pending_iter: _IteratorState | None = None
         self.stall_reported = False
-        self._lock = threading.Lock()
         self._iter_ids = itertools.count()
         self._loader_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._pid = -1
@@ -115,6 +114,8 @@ class Probe:
     def _start_in_this_process(self) -> None:
         """(Re)start in the current process: at install, and in each forked DataLoader worker."""
         self._pid = os.getpid()
+        # New in each process: a lock held by the parent's flushing thread at fork stays held in the child.
+        self._lock = threading.Lock()
         self._events: list[dict] = []
         self._iterators: list[_IteratorState] = []
         self._fetch_rows: list[tuple] = []

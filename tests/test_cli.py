@@ -1,0 +1,226 @@
+"""``gpufeed diagnose`` end to end: real training scripts, real DataLoader workers, real subprocesses."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpufeed import cli
+from gpufeed.record import schema
+
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+
+
+def gpufeed(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpufeed", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, COLUMNS="200"))
+
+
+def diagnose(tmp_path: Path, script: str, *script_args: str, options: tuple[str, ...] = (),
+             expect_exit: int = cli.EXIT_OK) -> dict:
+    out = tmp_path / "diag.json"
+    result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--json", str(out), *options, "--",
+                      sys.executable, str(WORKLOADS / script), *script_args], cwd=tmp_path)
+    assert result.returncode == expect_exit, result.stdout + result.stderr
+    assert_nothing_left_running(script)
+    diag = json.loads(out.read_text())
+    diag["_stdout"] = result.stdout
+    return diag
+
+
+def assert_nothing_left_running(script: str, grace_s: float = 5.0) -> None:
+    """No process of the workload (main or DataLoader worker) survives gpufeed."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            cmdline = proc.info["cmdline"] or []
+            if any(script in part for part in cmdline) and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(proc.pid)
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes of {script} left running: {left}"
+
+
+def ids(diag: dict) -> set[str]:
+    return {f["id"] for f in diag["findings"]}
+
+
+# -- the bottlenecks, on real scripts ---------------------------------------------------------------
+def test_storage_bound(tmp_path):
+    diag = diagnose(tmp_path, "storage_bound.py")
+    assert diag["bottleneck"] == "input"
+    assert "storage_latency" in ids(diag)
+    m = diag["metrics"]
+    assert m["data_wait_share"] > 0.3
+    assert m["worker_asleep_share"] > 0.5
+    assert m["num_workers"] == 2
+    assert "storage_latency" in diag["_stdout"] and "fix:" in diag["_stdout"]
+
+
+def test_cpu_bound_preprocessing_in_the_main_process(tmp_path):
+    diag = diagnose(tmp_path, "cpu_bound.py")
+    assert diag["bottleneck"] == "input"
+    assert "too_few_workers" in ids(diag)
+    f = next(f for f in diag["findings"] if f["id"] == "too_few_workers")
+    assert "num_workers=1" in f["recommendation"]
+    assert diag["metrics"]["num_workers"] == 0
+
+
+def test_too_many_workers(tmp_path):
+    diag = diagnose(tmp_path, "too_many_workers.py")
+    assert "too_many_workers" in ids(diag)
+    assert diag["metrics"]["num_workers"] == 8
+
+
+def test_compute_bound(tmp_path):
+    diag = diagnose(tmp_path, "compute_bound.py")
+    assert diag["bottleneck"] == "compute"
+    assert "compute_bound" in ids(diag)
+    assert not ids(diag) & {"too_few_workers", "storage_latency", "cpu_saturated"}
+
+
+def test_short_epochs_pay_worker_startup(tmp_path):
+    diag = diagnose(tmp_path, "short_epochs.py")
+    assert "worker_restart" in ids(diag)
+    assert diag["metrics"]["iterators"] == 10
+
+
+def test_thread_oversubscription(tmp_path):
+    diag = diagnose(tmp_path, "oversubscribed.py")
+    assert "thread_oversubscription" in ids(diag)
+    assert diag["metrics"]["worker_torch_threads"] == 4
+
+
+@pytest.mark.parametrize("kind", ["dict", "custom", "iterable"])
+def test_any_batch_type(tmp_path, kind):
+    diag = diagnose(tmp_path, "batch_types.py", "--kind", kind)
+    (loader,) = diag["loaders"]
+    assert loader["steps"] == 40 and loader["samples"] == 640  # 2 epochs x 20 batches x 16
+    assert len(loader["worker_pids"]) == 4  # 2 workers, started for each of 2 epochs
+    assert loader["config"]["iterable"] is (kind == "iterable")
+
+
+# -- the JSON contract -----------------------------------------------------------------------------
+def test_json_has_the_documented_keys(tmp_path):
+    diag = diagnose(tmp_path, "storage_bound.py", "--epochs", "1")
+    assert {"bottleneck", "findings", "metrics", "loaders", "run_dir", "gpu_available"} <= set(diag)
+    assert diag["gpu_available"] is False and diag["gpu_unavailable_reason"]
+    assert diag["metrics"]["gpu_util_p50_pct"] is None  # N/A, never 0
+    for f in diag["findings"]:
+        assert {"id", "severity", "message", "evidence", "recommendation"} <= set(f)
+    assert Path(diag["run_dir"], schema.META_FILE).exists()
+
+
+def test_analyze_gives_the_same_answer_later(tmp_path):
+    diag = diagnose(tmp_path, "storage_bound.py", "--epochs", "1")
+    again = gpufeed(["analyze", diag["run_dir"], "--json", str(tmp_path / "again.json")], cwd=tmp_path)
+    assert again.returncode == cli.EXIT_OK, again.stderr
+    redo = json.loads((tmp_path / "again.json").read_text())
+    assert redo["bottleneck"] == diag["bottleneck"] and ids(redo) == ids(diag)
+
+
+def test_steps_ends_the_command_cleanly(tmp_path):
+    started = time.monotonic()
+    diag = diagnose(tmp_path, "long_run.py", options=("--steps", "30", "--warmup", "5"))
+    assert time.monotonic() - started < 60
+    assert diag["run"]["end_reason"] == "steps_reached"
+    assert diag["metrics"]["steps"] == 30
+
+
+# -- bad input: a clear sentence, nothing lost, nothing left running -------------------------------------
+def test_command_not_found(tmp_path):
+    result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--", "no-such-trainer", "--lr", "1"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_NOT_STARTED
+    assert "Could not start 'no-such-trainer'" in result.stdout
+    assert json.loads((tmp_path / "run" / schema.META_FILE).read_text())["end_reason"] == "not_started"
+
+
+def test_syntax_error(tmp_path):
+    diag = diagnose(tmp_path, "syntax_error.py", expect_exit=cli.EXIT_COMMAND_FAILED)
+    assert diag["run"]["exit_code"] == 1
+    assert "SyntaxError" in diag["run"]["message"]
+    assert "no_dataloader" in ids(diag)
+
+
+def test_crash_midway_keeps_what_was_measured(tmp_path):
+    diag = diagnose(tmp_path, "crash_midway.py", expect_exit=cli.EXIT_COMMAND_FAILED)
+    assert diag["run"]["exit_code"] == 1
+    assert "boom at step 25" in diag["run"]["message"]
+    assert sum(loader["steps"] for loader in diag["loaders"]) == 25
+    assert diag["bottleneck"] is not None and diag["findings"]
+
+
+def test_no_dataloader_still_reports_the_host(tmp_path):
+    diag = diagnose(tmp_path, "no_dataloader.py")
+    assert "no_dataloader" in ids(diag)
+    assert diag["metrics"]["cpu_util_pct"] is not None
+
+
+def test_stalled_loader_is_reported_and_stopped(tmp_path):
+    diag = diagnose(tmp_path, "hang.py", options=("--stall-timeout", "3"), expect_exit=cli.EXIT_STALLED)
+    assert diag["run"]["end_reason"] == "stalled"
+    f = next(f for f in diag["findings"] if f["id"] == "loader_stalled")
+    assert f["evidence"]["waited_s"] >= 3
+    workers = [p for p in f["evidence"]["processes"][1:]]
+    assert len(workers) == 2 and all(p["status"] for p in workers)
+    assert all("workloads" in (p["where"] or "") for p in workers), workers  # the dataset's own code
+
+
+def test_ctrl_c_stops_everything_and_keeps_the_record(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(run_dir), "--",
+                             sys.executable, str(WORKLOADS / "long_run.py")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size > 2000 for p in (run_dir / "events").glob("*.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no steps recorded"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=60)
+    assert proc.returncode == cli.EXIT_INTERRUPTED
+    assert "Interrupted (Ctrl-C)" in stdout
+    assert_nothing_left_running("long_run.py")
+    meta = json.loads((run_dir / schema.META_FILE).read_text())
+    assert meta["end_reason"] == "interrupted"
+    again = gpufeed(["analyze", str(run_dir)], cwd=tmp_path)
+    assert again.returncode == cli.EXIT_OK and "Bottleneck" in again.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["diagnose", "--steps", "0", "--", "python", "x.py"], "must be a positive whole number"),
+    (["diagnose", "--no-such-flag", "--", "python", "x.py"], "unrecognized arguments"),
+    (["diagnose"], "give the training command after --"),
+])
+def test_bad_usage(tmp_path, args, message):
+    result = gpufeed(args, cwd=tmp_path)
+    assert result.returncode == cli.EXIT_USAGE
+    assert message in result.stdout + result.stderr
+
+
+def test_analyze_unreadable_dir(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = gpufeed(["analyze", str(tmp_path / "empty")], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_BAD_RECORD
+    assert "no meta.json" in result.stdout
+
+
+def test_module_entry_point(tmp_path):
+    result = gpufeed(["--version"], cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.startswith("gpufeed ")
+
+
+def test_demo(tmp_path):
+    result = gpufeed(["demo", "--steps", "40", "--json", str(tmp_path / "demo.json")], cwd=tmp_path, timeout=120)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    diag = json.loads((tmp_path / "demo.json").read_text())
+    assert diag["bottleneck"] == "input"
+    assert ids(diag) & {"storage_latency", "too_few_workers"}
