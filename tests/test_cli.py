@@ -102,7 +102,7 @@ def test_thread_oversubscription(tmp_path):
 
 @pytest.mark.parametrize("kind", ["dict", "custom", "iterable"])
 def test_any_batch_type(tmp_path, kind):
-    diag = diagnose(tmp_path, "batch_types.py", "--kind", kind)
+    diag = diagnose(tmp_path, "batch_types.py", "--kind", kind, "--epochs", "2", "--steps-per-epoch", "20")
     (loader,) = diag["loaders"]
     assert loader["steps"] == 40 and loader["samples"] == 640  # 2 epochs x 20 batches x 16
     assert len(loader["worker_pids"]) == 4  # 2 workers, started for each of 2 epochs

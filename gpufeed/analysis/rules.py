@@ -206,7 +206,8 @@ def worker_restart(ctx: Context) -> Finding | None:
         return None
     return Finding(
         id="worker_restart", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
-        message=(f"The DataLoader started its {m.num_workers} workers again for each of {m.iterators} epochs: "
+        message=(f"The DataLoader started its {m.num_workers} worker{'s' if m.num_workers > 1 else ''} again "
+                 f"for each of {m.iterators} epochs: "
                  f"{fmt(m.worker_startup_s, '.1f')} s of start-up, {fmt(m.worker_startup_share, '.0%')} of the wall time."),
         recommendation="DataLoader(..., persistent_workers=True) keeps the workers alive between epochs.",
         evidence={"iterators": m.iterators, "num_workers": m.num_workers, "worker_startup_s": m.worker_startup_s,

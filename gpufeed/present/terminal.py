@@ -40,7 +40,7 @@ def numbers_table(d: Diagnosis) -> Table:
                          f"of {human_bytes(m.mem_total_b)}")
     if m.num_workers is not None:
         if m.num_workers:
-            workers = (f"{m.num_workers} workers · asleep {fmt(m.worker_asleep_share, '.0%')} of their fetch time · "
+            workers = (f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''} · asleep {fmt(m.worker_asleep_share, '.0%')} of their fetch time · "
                        f"{fmt(m.fetch_ms_per_batch_p50, '.0f', ' ms')} per batch · "
                        f"{fmt(m.worker_threads_median, '.0f')} threads each")
         else:
