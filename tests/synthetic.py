@@ -72,7 +72,10 @@ def write_run(path: Path, sc: Scenario) -> Path:
             for i in range(sc.steps_per_epoch):
                 t_req = t
                 t_del = t_req + sc.wait_s
-                rows.append([i, t_req, t_del, sc.batch_size])
+                # With num_workers=0 the batch is made inside next(): the probe takes its CPU time
+                # for one step in 8.
+                cpu = sc.fetch_cpu_s if not sc.num_workers and i % 8 == 0 else None
+                rows.append([i, t_req, t_del, sc.batch_size, cpu])
                 if sc.cuda:
                     cuda_rows.append([i, sc.gpu_idle_s or 0.0, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:
@@ -117,7 +120,9 @@ def write_run(path: Path, sc: Scenario) -> Path:
 
 
 def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: float) -> None:
-    producers = workers or [MAIN_PID]
+    producers = workers
+    if not producers:
+        return  # num_workers=0: the steps carry it
     per_producer = max(1, sc.steps_per_epoch // len(producers))
     for n, pid in enumerate(producers):
         writer = JsonlWriter(path / schema.EVENTS_DIR / f"{pid}.jsonl")
@@ -126,8 +131,8 @@ def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: 
         for k in range(per_producer):
             start = t0 + k * span
             rows.append([start, start + min(sc.fetch_wall_s, span), sc.fetch_cpu_s, sc.batch_size])
-        writer.write({"kind": "fetches", "pid": pid, "worker_id": n if workers else None,
-                      "torch_threads": sc.worker_torch_threads if workers else 2, "rows": rows})
+        writer.write({"kind": "fetches", "pid": pid, "worker_id": n,
+                      "torch_threads": sc.worker_torch_threads, "rows": rows})
         writer.close()
 
 

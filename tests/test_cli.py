@@ -76,7 +76,7 @@ def test_cpu_bound_preprocessing_in_the_main_process(tmp_path):
 
 
 def test_too_many_workers(tmp_path):
-    diag = diagnose(tmp_path, "too_many_workers.py")
+    diag = diagnose(tmp_path, "cpu_bound.py", "--workers", "8", "--steps-per-epoch", "40")
     assert "too_many_workers" in ids(diag)
     assert diag["metrics"]["num_workers"] == 8
 
@@ -175,6 +175,23 @@ def test_stalled_loader_is_reported_and_stopped(tmp_path):
     assert all("workloads" in (p["where"] or "") for p in workers), workers  # the dataset's own code
 
 
+def test_gpufeed_killed_takes_the_command_with_it(tmp_path):
+    """Even SIGKILL to gpufeed (no cleanup possible) leaves no training process behind."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(run_dir), "--",
+                             sys.executable, str(WORKLOADS / "long_run.py")], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size > 2000 for p in (run_dir / "events").glob("*.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None, "no steps recorded"
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    # PyTorch workers notice their parent's death within a few seconds (their watchdog).
+    assert_nothing_left_running("long_run.py", grace_s=15)
+    assert any((run_dir / "events").glob("*.jsonl")), "what was measured is on disk"
+
+
 def test_ctrl_c_stops_everything_and_keeps_the_record(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(run_dir), "--",
@@ -224,3 +241,37 @@ def test_demo(tmp_path):
     diag = json.loads((tmp_path / "demo.json").read_text())
     assert diag["bottleneck"] == "input"
     assert ids(diag) & {"storage_latency", "too_few_workers"}
+
+
+SPAWN_SCRIPT = '''
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.002)
+        return torch.zeros(4), i
+
+if __name__ == "__main__":
+    for epoch in range(2):
+        for x, y in DataLoader(Slow(), batch_size=8, num_workers=2, multiprocessing_context="spawn"):
+            pass
+'''
+
+
+def test_spawned_workers_are_measured_too(tmp_path):
+    """Workers started with spawn (the default on macOS and Windows) import everything afresh:
+    the probe must arm itself in them as well."""
+    (tmp_path / "spawn_train.py").write_text(SPAWN_SCRIPT)
+    out = tmp_path / "diag.json"
+    result = gpufeed(["diagnose", "--warmup", "0", "--out", str(tmp_path / "run"), "--json", str(out), "--",
+                      sys.executable, str(tmp_path / "spawn_train.py")], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    diag = json.loads(out.read_text())
+    (loader,) = diag["loaders"]
+    assert loader["config"]["multiprocessing_context"] == "spawn"
+    assert loader["steps"] == 16
+    assert diag["metrics"]["fetch_ms_per_batch_p50"] is not None, "the spawned workers timed their batches"
+    assert_nothing_left_running("spawn_train.py")

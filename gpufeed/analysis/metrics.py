@@ -126,7 +126,7 @@ def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
         groups.setdefault(it.key, []).append(it)
     summaries = []
     for (pid, loader_id), its in groups.items():
-        steps = np.concatenate([it.steps for it in its]) if its else np.empty((0, 4))
+        steps = np.concatenate([it.steps for it in its]) if its else np.empty((0, 5))
         summaries.append(LoaderSummary(
             pid=pid, loader_id=loader_id, config=asdict(its[0].config), iterators=len(its),
             steps=len(steps), samples=int(np.nansum(steps[:, 3])) if len(steps) else 0,
@@ -213,10 +213,15 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
     if startups and span > 0:
         m.worker_startup_share = m.worker_startup_s / span
 
-    # Who produced this loader's batches: its workers, or the main process when num_workers=0.
+    # Who made this loader's batches: its workers (their fetches), or, with num_workers=0, the
+    # training process inside next() (the steps themselves, CPU time taken for some of them).
     producers = set(training.worker_pids) or {training.pid}
     fetches = [f for f in record.fetches if f.pid in producers]
-    rows = np.concatenate([f.rows for f in fetches]) if fetches else np.empty((0, 4))
+    if training.worker_pids:
+        rows = np.concatenate([f.rows for f in fetches]) if fetches else np.empty((0, 4))
+    else:
+        steps = np.concatenate([it.steps for it in its])
+        rows = steps[:, [1, 2, 4, 3]]  # as fetch rows: t_start, t_end, cpu_s, samples
     if len(rows):
         wall = rows[:, 1] - rows[:, 0]
         m.fetch_ms_per_batch_p50 = _ms(_pct(wall, 50))
@@ -280,17 +285,30 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) ->
     workers = record.worker_pids
     if not workers:
         return
+    # A worker's state only says something about its batches while it is making one: between
+    # batches it sleeps on its index queue whatever the cause of slowness.
+    fetching = {f.pid: f.rows[np.argsort(f.rows[:, 0])] for f in record.fetches if f.pid in workers and len(f.rows)}
     states, threads, rss = [], [], []
     for i in np.flatnonzero(mask):
         for pid, _ppid, _cpu, n_threads, status, rss_b in (row[:6] for row in s.procs[i]):
             if pid in workers:
-                states.append(status)
                 threads.append(n_threads)
                 rss.append(rss_b)
+                if _inside_a_fetch(fetching.get(pid), s.t[i]):
+                    states.append(status)
     if states:
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
+    if threads:
         m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
         m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))
+
+
+def _inside_a_fetch(rows: np.ndarray | None, t: float) -> bool:
+    """Whether time ``t`` falls inside one of a worker's fetches (rows sorted by start)."""
+    if rows is None:
+        return False
+    k = int(np.searchsorted(rows[:, 0], t, side="right")) - 1
+    return k >= 0 and t <= rows[k, 1]
 
 
 def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], training: Any) -> None:

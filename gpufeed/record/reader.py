@@ -31,7 +31,7 @@ class IteratorRecord:
     t_ready: float
     worker_pids: list[int]
     config: schema.LoaderConfig
-    steps: np.ndarray     # (n, 4): schema.STEP_COLUMNS
+    steps: np.ndarray     # (n, 5): schema.STEP_COLUMNS
     cuda: np.ndarray      # (m, 5): schema.CUDA_COLUMNS; mem columns NaN where not sampled
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
 
@@ -117,9 +117,13 @@ def _lines(path: Path, warnings: list[str]) -> Iterator[dict[str, Any]]:
 
 
 def _rows(rows: list[list[Any]], width: int) -> np.ndarray:
-    if not rows:
-        return np.empty((0, width))
-    return np.array([[np.nan if v is None else float(v) for v in r[:width]] for r in rows], dtype=float)
+    """Rows as a float array; missing or null cells are NaN (older writers may have fewer columns)."""
+    out = np.full((len(rows), width), np.nan)
+    for i, row in enumerate(rows):
+        for j, value in enumerate(row[:width]):
+            if value is not None:
+                out[i, j] = float(value)
+    return out
 
 
 def load_meta(run_dir: str | Path) -> schema.RunMeta:

@@ -21,11 +21,11 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               torch_version, t
 ``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
-``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples]
-``fetches``   pid, worker_id (null in the main process), torch_threads,
-              rows of [t_start, t_end, cpu_s, samples]: one dataset fetch (one batch) each;
-              cpu_s is null for batches whose CPU time was not taken (the training process
-              takes it for one batch in 8, workers for every batch)
+``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
+              process CPU time inside next() for one batch in 8 when num_workers=0 (the batch is
+              made there), else null
+``fetches``   pid, worker_id, torch_threads, rows of [t_start, t_end, cpu_s, samples]: one batch
+              made by a DataLoader worker each
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
 ``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
 ``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
@@ -54,7 +54,7 @@ STALL_MARKER = "stall.json"          # written by the probe when a loader stalls
 STEPS_REACHED_MARKER = "steps-reached"  # written by the probe when it ended the run after --steps
 
 # Column names of the row-oriented event kinds, so readers never index by magic number.
-STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples")
+STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned")

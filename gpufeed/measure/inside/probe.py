@@ -1,14 +1,15 @@
 """The probe: measures every DataLoader from inside the training process, without code changes.
 
-It patches five places in ``torch.utils.data`` at class level, so every loader, every worker and
-every kind of batch is covered:
+It patches ``torch.utils.data`` at class level, so every loader, every worker and every kind of
+batch is covered:
 
 - ``DataLoader._get_iterator``: an iterator is born (worker start-up begins); its configuration.
 - ``_BaseDataLoaderIter._reset``: a persistent-worker iterator starts another epoch.
-- ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch.
-- ``_MapDatasetFetcher.fetch`` / ``_IterableDatasetFetcher.fetch``: one batch produced, in whichever
-  process produces it (a worker, or the main process when ``num_workers=0``), with its CPU time,
-  so the analysis can tell a busy worker from a sleeping one and count what the workers produce.
+- ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch (and, with
+  ``num_workers=0``, where the batch is made inside ``next()``, now and then its CPU time).
+- ``_utils.worker._worker_loop``: inside each worker only, ``_MapDatasetFetcher.fetch`` and
+  ``_IterableDatasetFetcher.fetch`` are patched to time every batch the worker makes and its CPU
+  time, so the analysis can tell a busy worker from a sleeping one and count what workers produce.
 
 The hot path only appends a tuple to a list; a background thread writes them once a second
 (``record/schema.py`` documents the lines). Only the standard library and the user's own torch are
@@ -39,8 +40,8 @@ ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a 
 FLUSH_INTERVAL_S = 1.0       # the issue's promise: flushed at least every second
 MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
 MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the oldest are dropped
-# Reading process CPU time is a system call (~0.6 us): workers take it for every batch, the training
-# process (num_workers=0, on the step's critical path) for one batch in this many.
+# Reading process CPU time is a system call (~0.6 us): workers take it for every batch; the training
+# process (num_workers=0, where it is on the step's critical path) for one batch in this many.
 MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
 
 _clock = time.perf_counter
@@ -72,7 +73,7 @@ class _IteratorState:
     """What the probe keeps per DataLoader iterator; attached to the iterator object."""
 
     __slots__ = ("iter_id", "next_index", "rows", "samples_per_batch", "cuda_pending", "cuda_rows",
-                 "last_memory_t", "worker_pids")
+                 "last_memory_t", "worker_pids", "done", "in_process", "__weakref__")
 
     def __init__(self, iter_id: int, samples_per_batch: int | None, worker_pids: list[int]) -> None:
         self.iter_id = iter_id
@@ -83,6 +84,8 @@ class _IteratorState:
         self.cuda_rows: list[tuple] = []
         self.last_memory_t = 0.0
         self.worker_pids = worker_pids
+        self.done = False  # the iterator is gone: flush what is left, then forget it
+        self.in_process = not worker_pids  # num_workers=0: batches are made inside next()
 
 
 class Probe:
@@ -101,14 +104,7 @@ class Probe:
         self._iter_ids = itertools.count()
         self._loader_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._pid = -1
-        self._forked = False
         self._start_in_this_process()
-        # A forked DataLoader worker inherits this object: it must start its own file and thread.
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._mark_forked)
-
-    def _mark_forked(self) -> None:
-        self._forked = True
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _start_in_this_process(self) -> None:
@@ -120,22 +116,23 @@ class Probe:
         self._iterators: list[_IteratorState] = []
         self._fetch_rows: list[tuple] = []
         self._fetch_meta: dict | None = None
-        self.fetch_count = 0
-        self.cpu_sample_every = MAIN_PROCESS_CPU_SAMPLE_EVERY
         self._h2d_rows: list[tuple] = []
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self._pid}.jsonl"))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._background, name="gpufeed-probe", daemon=True)
         self._thread.start()
 
-    def start_after_fork(self) -> None:
-        self._forked = False
+    def ensure_this_process(self) -> None:
+        """A forked process inherits this object: it needs its own file, lock and thread."""
         if self._pid != os.getpid():
             self._start_in_this_process()
 
-    def _on_worker_start(self) -> None:
-        """First batch in a DataLoader worker (forked or spawned)."""
-        self.cpu_sample_every = 1
+    def start_in_worker(self) -> None:
+        """In a DataLoader worker (forked or spawned), before its loop: time each batch it makes."""
+        self.ensure_this_process()
+        from torch.utils.data._utils import fetch
+        _patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+        _patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
         # Worker processes of multiprocessing never run atexit handlers; its Finalize hooks do run.
         import multiprocessing.util
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)
@@ -174,6 +171,8 @@ class Probe:
             fetch_rows, self._fetch_rows = self._fetch_rows, []
             h2d_rows, self._h2d_rows = self._h2d_rows, []
             iterators = list(self._iterators)
+            # Read `done` before taking rows: rows appended before the iterator died are written below.
+            self._iterators = [it for it in iterators if not (it.done and not it.cuda_pending)]
         lines = events
         for it in iterators:
             if final:
@@ -195,10 +194,12 @@ class Probe:
         self._writer.write_many(lines)
 
     def register_iterator(self, iterator: Any, loader: Any, t_created: float) -> None:
+        self.ensure_this_process()
         loader_id = self._loader_ids.setdefault(loader, len(self._loader_ids))
         worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
         state = _IteratorState(next(self._iter_ids), loader.batch_size, worker_pids)
         iterator._gpufeed_state = state
+        weakref.finalize(iterator, _mark_done, state)
         with self._lock:
             self._iterators.append(state)
         self.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
@@ -207,8 +208,6 @@ class Probe:
     def first_fetch_in_process(self) -> None:
         import torch
         info = torch.utils.data.get_worker_info()
-        if info is not None:
-            self._on_worker_start()
         self._fetch_meta = {"worker_id": info.id if info is not None else None,
                             "torch_threads": torch.get_num_threads()}
 
@@ -278,6 +277,10 @@ class Probe:
         write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
 
 
+def _mark_done(state: _IteratorState) -> None:
+    state.done = True
+
+
 def loader_config(loader: Any) -> dict[str, Any]:
     dataset = loader.dataset
     try:
@@ -342,7 +345,7 @@ def patch_torch(probe: Probe) -> None:
     global _probe
     _probe = probe
     from torch.utils.data import dataloader
-    from torch.utils.data._utils import fetch
+    from torch.utils.data._utils import worker
     base = dataloader._BaseDataLoaderIter
 
     def make_get_iterator(original):
@@ -365,11 +368,16 @@ def patch_torch(probe: Probe) -> None:
         return _reset
 
     def make_next(original):
+        process_time = time.process_time
+
         def __next__(self):
             probe, state = _probe, getattr(self, "_gpufeed_state", None)
             if probe is None or state is None:
                 return original(self)
             start_event = _cuda_event() if _cuda_in_use() else None
+            index = state.next_index
+            # num_workers=0: the batch is made inside next(); take its CPU time now and then.
+            cpu0 = process_time() if state.in_process and index % MAIN_PROCESS_CPU_SAMPLE_EVERY == 0 else None
             t_request = _clock()
             probe.pending_since, probe.pending_iter = t_request, state
             try:
@@ -377,11 +385,10 @@ def patch_torch(probe: Probe) -> None:
             finally:
                 probe.pending_since = None
             t_deliver = _clock()
-            index = state.next_index
             state.next_index = index + 1
             samples = count_samples(batch)
-            state.rows.append((index, t_request, t_deliver,
-                               state.samples_per_batch if samples is None else samples))
+            state.rows.append((index, t_request, t_deliver, state.samples_per_batch if samples is None else samples,
+                               None if cpu0 is None else process_time() - cpu0))
             if start_event is not None:
                 end_event = _cuda_event()
                 if end_event is not None:
@@ -392,34 +399,45 @@ def patch_torch(probe: Probe) -> None:
             return batch
         return __next__
 
-    def make_fetch(original):
-        process_time = time.process_time
-
-        def fetch(self, possibly_batched_index):
-            probe = _probe
-            if probe is None:
-                return original(self, possibly_batched_index)
-            if probe._forked:
-                probe.start_after_fork()
-            if probe._fetch_meta is None:
-                probe.first_fetch_in_process()
-            # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
-            sample_cpu = probe.fetch_count % probe.cpu_sample_every == 0
-            probe.fetch_count += 1
-            cpu0 = process_time() if sample_cpu else 0.0
-            t0 = _clock()
-            batch = original(self, possibly_batched_index)
-            t1 = _clock()
-            probe._fetch_rows.append((t0, t1, process_time() - cpu0 if sample_cpu else None,
-                                      len(possibly_batched_index) if self.auto_collation else 1))
-            return batch
-        return fetch
-
     _patch(dataloader.DataLoader, "_get_iterator", make_get_iterator)
     _patch(base, "_reset", make_reset)
     _patch(base, "__next__", make_next)
-    _patch(fetch._MapDatasetFetcher, "fetch", make_fetch)
-    _patch(fetch._IterableDatasetFetcher, "fetch", make_fetch)
+    # Batches are timed where they are made: patched inside each worker only, so the training
+    # process's own hot path carries nothing for them.
+    _patch(worker, "_worker_loop", lambda original: worker_loop)
+
+
+def worker_loop(*args: Any, **kwargs: Any) -> Any:
+    """Stands in for ``torch.utils.data._utils.worker._worker_loop``, the function each worker runs.
+
+    Module-level on purpose: with the spawn start method the worker's target is pickled by name.
+    """
+    from torch.utils.data._utils import worker
+    original = getattr(worker._worker_loop, "_gpufeed_original", None) or worker._worker_loop
+    if original is worker_loop:  # defensive: never recurse into ourselves
+        raise RuntimeError("gpufeed: torch's worker loop was lost")
+    if _probe is not None:
+        _probe.start_in_worker()
+    return original(*args, **kwargs)
+
+
+def _make_fetch(original: Callable) -> Callable:
+    process_time = time.process_time
+
+    def fetch(self, possibly_batched_index):
+        probe = _probe
+        if probe is None:
+            return original(self, possibly_batched_index)
+        if probe._fetch_meta is None:
+            probe.first_fetch_in_process()
+        # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
+        cpu0, t0 = process_time(), _clock()
+        batch = original(self, possibly_batched_index)
+        t1, cpu1 = _clock(), process_time()
+        probe._fetch_rows.append((t0, t1, cpu1 - cpu0,
+                                  len(possibly_batched_index) if self.auto_collation else 1))
+        return batch
+    return fetch
 
 
 def unpatch_torch() -> None:
@@ -427,10 +445,10 @@ def unpatch_torch() -> None:
     _probe = None
     _cuda_seen = _cuda_failed = False
     from torch.utils.data import dataloader
-    from torch.utils.data._utils import fetch
+    from torch.utils.data._utils import fetch, worker
     for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "_reset"),
-                      (dataloader._BaseDataLoaderIter, "__next__"), (fetch._MapDatasetFetcher, "fetch"),
-                      (fetch._IterableDatasetFetcher, "fetch")):
+                      (dataloader._BaseDataLoaderIter, "__next__"), (worker, "_worker_loop"),
+                      (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
         _unpatch(cls, name)
     _unpatch_h2d()
 

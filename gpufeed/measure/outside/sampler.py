@@ -346,24 +346,44 @@ class Sampler:
             found.append(pid)
             todo.extend(kids.get(pid, ()))
         for pid in found:
-            if pid in self._tracked:
-                continue
-            fd = _open_proc(f"/proc/{pid}/stat") if _LINUX else None
+            self._track(pid)
+
+    def _track(self, pid: int) -> None:
+        if pid in self._tracked:
+            return
+        fd = _open_proc(f"/proc/{pid}/stat") if _LINUX else None
+        try:
+            proc = psutil.Process(pid)
+            create_time = proc.create_time()
+        except _GONE:
+            if fd is not None:
+                os.close(fd)
+            return
+        self._tracked[pid] = _Tracked(proc, fd)
+        self.seen[pid] = create_time
+
+    def _new_children(self) -> None:
+        """Every tick, the children each tracked process forked from its main thread (where
+        DataLoader workers come from): cheap on Linux, and it catches workers that live for one
+        short epoch, which the once-a-second scan of the whole host would miss."""
+        if not _LINUX:
+            return
+        for pid in list(self._tracked):
             try:
-                proc = psutil.Process(pid)
-                create_time = proc.create_time()
-            except _GONE:
-                if fd is not None:
-                    os.close(fd)
+                with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+                    children = f.read().split()
+            except OSError:
                 continue
-            self._tracked[pid] = _Tracked(proc, fd)
-            self.seen[pid] = create_time
+            for child in children:
+                self._track(int(child))
 
     def _procs(self, t: float) -> list[list[Any]]:
         """Rows of [pid, ppid, cpu_pct, threads, status, rss_b] for the tree, root first."""
         if t - self._last_discover_t >= DISCOVER_EVERY_S:
             self._discover()
             self._last_discover_t = t
+        else:
+            self._new_children()
         rows: list[list[Any]] = []
         cpu_pct: dict[int, float | None] = {}
         for pid, tr in list(self._tracked.items()):
