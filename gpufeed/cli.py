@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
     from gpufeed.analysis import analyze
-    from gpufeed.measure.runner import CommandNotStarted, RunOptions, run_command
+    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, RunOptions, run_command
     from gpufeed.present.terminal import render
 
     if not command:
@@ -124,6 +124,9 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     except CommandNotStarted as error:
         console.print(f"gpufeed: {error}", style="bold red")
         return EXIT_NOT_STARTED
+    except RunDirInUse as error:
+        console.print(f"gpufeed: {error}", style="bold red")
+        return EXIT_USAGE
     try:
         diagnosis = analyze(result.run_dir)
     except Exception as error:  # a bug in the analysis must not hide that the record is safe

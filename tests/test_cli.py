@@ -223,6 +223,14 @@ def test_bad_usage(tmp_path, args, message):
     assert message in result.stdout + result.stderr
 
 
+def test_out_dir_holding_a_run_is_not_mixed_into(tmp_path):
+    first = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass"], cwd=tmp_path)
+    assert first.returncode == cli.EXIT_OK, first.stdout
+    again = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass"], cwd=tmp_path)
+    assert again.returncode == cli.EXIT_USAGE
+    assert "already holds a gpufeed run" in again.stdout
+
+
 def test_analyze_unreadable_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     result = gpufeed(["analyze", str(tmp_path / "empty")], cwd=tmp_path)

@@ -300,9 +300,14 @@ def no_dataloader(ctx: Context) -> Finding | None:
     host = f"host CPU averaged {fmt(m.cpu_util_pct, '.0f')}%" if m.cpu_util_pct is not None else "no host samples"
     gpu = (f", GPU utilization p50 {fmt(m.gpu_util_p50_pct, '.0f')}%" if m.gpu_util_p50_pct is not None
            else ", GPU metrics unavailable")
+    if ctx.record.processes:
+        what = "The command never iterated a torch DataLoader"
+    else:
+        what = ("No Python process under the command imported torch.utils.data (or it ran with python -I/-E, "
+                "which ignores the PYTHONPATH gpufeed instruments through)")
     return Finding(
         id="no_dataloader", severity=INFO, cost_share=None,
-        message=f"The command never iterated a torch DataLoader, so data waits could not be measured ({host}{gpu}).",
+        message=f"{what}, so data waits could not be measured ({host}{gpu}).",
         recommendation=("gpufeed measures torch.utils.data.DataLoader; if the script feeds data another way, "
                         "wrap it in a DataLoader or time that code yourself."),
         evidence={"cpu_util_pct": m.cpu_util_pct, "gpu_util_p50_pct": m.gpu_util_p50_pct,

@@ -41,6 +41,10 @@ class CommandNotStarted(Exception):
     """The command could not be started at all (not found, not executable)."""
 
 
+class RunDirInUse(Exception):
+    """The run directory already holds a run; appending to it would mix two runs' events."""
+
+
 @dataclass
 class RunOptions:
     command: list[str]
@@ -93,6 +97,8 @@ def run_command(options: RunOptions) -> RunResult:
 
 def start_record(run_dir: Path, command: list[str], steps: int | None, warmup_steps: int) -> schema.RunMeta:
     """Create the run directory and its first ``meta.json`` (no end yet)."""
+    if (run_dir / schema.META_FILE).exists():
+        raise RunDirInUse(f"{run_dir} already holds a gpufeed run: choose another --out, or remove it first.")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / schema.EVENTS_DIR).mkdir(exist_ok=True)
     now_mono, now_unix = time.perf_counter(), time.time()
