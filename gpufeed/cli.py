@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(message: str) -> None:
+    """One clear sentence on standard error (standard output stays the diagnosis)."""
+    Console(stderr=True).print(f"gpufeed: {message}", style="bold red", highlight=False, soft_wrap=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -104,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = command[1:]
         return _diagnose(command, args, console)
     except KeyboardInterrupt:
-        console.print("gpufeed: interrupted.", style="bold red")
+        _error("interrupted.")
         return EXIT_INTERRUPTED
 
 
@@ -114,24 +119,23 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     from gpufeed.present.terminal import render
 
     if not command:
-        console.print("gpufeed: give the training command after --, e.g. gpufeed diagnose -- python train.py",
-                      style="bold red")
+        _error("give the training command after --, e.g. gpufeed diagnose -- python train.py")
         return EXIT_USAGE
     options = RunOptions(command=command, out=args.out, steps=args.steps, warmup_steps=args.warmup,
                          stall_timeout_s=args.stall_timeout, interval_s=args.interval)
     try:
         result = run_command(options)
     except CommandNotStarted as error:
-        console.print(f"gpufeed: {error}", style="bold red")
+        _error(str(error))
         return EXIT_NOT_STARTED
     except RunDirInUse as error:
-        console.print(f"gpufeed: {error}", style="bold red")
+        _error(str(error))
         return EXIT_USAGE
     try:
         diagnosis = analyze(result.run_dir)
     except Exception as error:  # a bug in the analysis must not hide that the record is safe
-        console.print(f"gpufeed: the analysis failed ({type(error).__name__}: {error}); the run record is "
-                      f"kept in {result.run_dir}.", style="bold red")
+        _error(f"the analysis failed ({type(error).__name__}: {error}); the run record is kept in "
+               f"{result.run_dir}.")
         return EXIT_INTERNAL
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
@@ -146,7 +150,7 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
     try:
         diagnosis = analyze(args.run_dir)
     except RecordError as error:
-        console.print(f"gpufeed: {error}", style="bold red")
+        _error(str(error))
         return EXIT_BAD_RECORD
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)

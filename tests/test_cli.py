@@ -140,7 +140,7 @@ def test_steps_ends_the_command_cleanly(tmp_path):
 def test_command_not_found(tmp_path):
     result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--", "no-such-trainer", "--lr", "1"], cwd=tmp_path)
     assert result.returncode == cli.EXIT_NOT_STARTED
-    assert "Could not start 'no-such-trainer'" in result.stdout
+    assert "Could not start 'no-such-trainer'" in result.stderr
     assert json.loads((tmp_path / "run" / schema.META_FILE).read_text())["end_reason"] == "not_started"
 
 
@@ -228,14 +228,14 @@ def test_out_dir_holding_a_run_is_not_mixed_into(tmp_path):
     assert first.returncode == cli.EXIT_OK, first.stdout
     again = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--", sys.executable, "-c", "pass"], cwd=tmp_path)
     assert again.returncode == cli.EXIT_USAGE
-    assert "already holds a gpufeed run" in again.stdout
+    assert "already holds a gpufeed run" in again.stderr
 
 
 def test_analyze_unreadable_dir(tmp_path):
     (tmp_path / "empty").mkdir()
     result = gpufeed(["analyze", str(tmp_path / "empty")], cwd=tmp_path)
     assert result.returncode == cli.EXIT_BAD_RECORD
-    assert "no meta.json" in result.stdout
+    assert "no meta.json" in result.stderr
 
 
 def test_module_entry_point(tmp_path):

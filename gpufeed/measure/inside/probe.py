@@ -73,9 +73,10 @@ class _IteratorState:
     """What the probe keeps per DataLoader iterator; attached to the iterator object."""
 
     __slots__ = ("iter_id", "next_index", "rows", "samples_per_batch", "cuda_pending", "cuda_rows",
-                 "last_memory_t", "worker_pids", "done", "in_process", "__weakref__")
+                 "last_memory_t", "worker_pids", "done", "in_process", "last_index", "__weakref__")
 
-    def __init__(self, iter_id: int, samples_per_batch: int | None, worker_pids: list[int]) -> None:
+    def __init__(self, iter_id: int, samples_per_batch: int | None, worker_pids: list[int],
+                 last_index: int | None = None) -> None:
         self.iter_id = iter_id
         self.next_index = 0
         self.rows: list[tuple] = []
@@ -86,6 +87,7 @@ class _IteratorState:
         self.worker_pids = worker_pids
         self.done = False  # the iterator is gone: flush what is left, then forget it
         self.in_process = not worker_pids  # num_workers=0: batches are made inside next()
+        self.last_index = last_index       # index of an epoch's last (maybe partial) batch
 
 
 class Probe:
@@ -98,8 +100,8 @@ class Probe:
         self.stall_timeout_s = stall_timeout_s
         self.flush_interval_s = flush_interval_s
         self.total_steps = 0
-        self.pending_since: float | None = None   # set while the main thread waits inside next()
-        self.pending_iter: _IteratorState | None = None
+        # (t_request, iterator state) while the training loop waits inside next(); else None.
+        self.pending: tuple[float, _IteratorState] | None = None
         self.stall_reported = False
         self._iter_ids = itertools.count()
         self._loader_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
@@ -197,7 +199,8 @@ class Probe:
         self.ensure_this_process()
         loader_id = self._loader_ids.setdefault(loader, len(self._loader_ids))
         worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
-        state = _IteratorState(next(self._iter_ids), loader.batch_size, worker_pids)
+        state = _IteratorState(next(self._iter_ids), _fixed_batch_size(loader), worker_pids,
+                               _last_index(iterator))
         iterator._gpufeed_state = state
         weakref.finalize(iterator, _mark_done, state)
         with self._lock:
@@ -255,11 +258,11 @@ class Probe:
         raise SystemExit(0)
 
     def _check_stall(self) -> None:
-        since, timeout = self.pending_since, self.stall_timeout_s
-        if since is None or timeout is None or self.stall_reported or _clock() - since < timeout:
+        pending, timeout = self.pending, self.stall_timeout_s
+        if pending is None or timeout is None or self.stall_reported or _clock() - pending[0] < timeout:
             return
         self.stall_reported = True
-        state = self.pending_iter
+        since, state = pending
         worker_pids = state.worker_pids if state is not None else []
         stacks = os.path.join(self.run_dir, schema.STACKS_DIR)
         os.makedirs(stacks, exist_ok=True)
@@ -275,6 +278,22 @@ class Probe:
         self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
         self.flush()
         write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
+
+
+def _fixed_batch_size(loader: Any) -> int | None:
+    """batch_size when every batch but an epoch's last is known to hold exactly that many samples."""
+    import torch.utils.data as tud
+    if (loader.batch_size and type(loader.batch_sampler) is tud.BatchSampler
+            and not isinstance(loader.dataset, tud.IterableDataset)):
+        return int(loader.batch_size)
+    return None
+
+
+def _last_index(iterator: Any) -> int | None:
+    try:
+        return len(iterator) - 1
+    except TypeError:
+        return None
 
 
 def _mark_done(state: _IteratorState) -> None:
@@ -374,20 +393,24 @@ def patch_torch(probe: Probe) -> None:
             probe, state = _probe, getattr(self, "_gpufeed_state", None)
             if probe is None or state is None:
                 return original(self)
-            start_event = _cuda_event() if _cuda_in_use() else None
+            start_event = _cuda_event() if (_cuda_seen or _cuda_in_use()) else None
             index = state.next_index
             # num_workers=0: the batch is made inside next(); take its CPU time now and then.
             cpu0 = process_time() if state.in_process and index % MAIN_PROCESS_CPU_SAMPLE_EVERY == 0 else None
             t_request = _clock()
-            probe.pending_since, probe.pending_iter = t_request, state
+            probe.pending = (t_request, state)
             try:
                 batch = original(self)
             finally:
-                probe.pending_since = None
+                probe.pending = None
             t_deliver = _clock()
             state.next_index = index + 1
-            samples = count_samples(batch)
-            state.rows.append((index, t_request, t_deliver, state.samples_per_batch if samples is None else samples,
+            # Batches of a fixed-size BatchSampler hold batch_size samples, but for the last one;
+            # counting the others would cost more than all the rest of this function.
+            samples = state.samples_per_batch
+            if samples is None or index == state.last_index:
+                samples = count_samples(batch) or samples
+            state.rows.append((index, t_request, t_deliver, samples,
                                None if cpu0 is None else process_time() - cpu0))
             if start_event is not None:
                 end_event = _cuda_event()
