@@ -175,16 +175,22 @@ def test_stalled_loader_is_reported_and_stopped(tmp_path):
     assert all("workloads" in (p["where"] or "") for p in workers), workers  # the dataset's own code
 
 
-def test_gpufeed_killed_takes_the_command_with_it(tmp_path):
-    """Even SIGKILL to gpufeed (no cleanup possible) leaves no training process behind."""
-    run_dir = tmp_path / "run"
+def start_long_run(run_dir: Path, stdout: int) -> subprocess.Popen:
+    """gpufeed diagnosing the endless workload, returned once steps are on disk."""
     proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(run_dir), "--",
-                             sys.executable, str(WORKLOADS / "long_run.py")], cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             sys.executable, str(WORKLOADS / "long_run.py")], cwd=run_dir.parent,
+                            stdout=stdout, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 60
     while not any(p.stat().st_size > 2000 for p in (run_dir / "events").glob("*.jsonl")):
         assert time.monotonic() < deadline and proc.poll() is None, "no steps recorded"
         time.sleep(0.2)
+    return proc
+
+
+def test_gpufeed_killed_takes_the_command_with_it(tmp_path):
+    """Even SIGKILL to gpufeed (no cleanup possible) leaves no training process behind."""
+    run_dir = tmp_path / "run"
+    proc = start_long_run(run_dir, stdout=subprocess.DEVNULL)
     proc.kill()
     proc.wait()
     # PyTorch workers notice their parent's death within a few seconds (their watchdog).
@@ -194,13 +200,7 @@ def test_gpufeed_killed_takes_the_command_with_it(tmp_path):
 
 def test_ctrl_c_stops_everything_and_keeps_the_record(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(run_dir), "--",
-                             sys.executable, str(WORKLOADS / "long_run.py")], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not any(p.stat().st_size > 2000 for p in (run_dir / "events").glob("*.jsonl")):
-        assert time.monotonic() < deadline and proc.poll() is None, "no steps recorded"
-        time.sleep(0.2)
+    proc = start_long_run(run_dir, stdout=subprocess.PIPE)
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == cli.EXIT_INTERRUPTED

@@ -21,8 +21,8 @@ def analyze(run_dir: str | Path) -> Diagnosis:
 
 
 def analyze_record(record: RunRecord) -> Diagnosis:
-    metrics = compute(record)
     loaders = loader_summaries(record)
+    metrics = compute(record, loaders)
     ctx = rules.Context(record=record, metrics=metrics, training=next((s for s in loaders if s.training), None))
     findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
     # Ranked by the time they cost; findings that cost nothing measurable come last.

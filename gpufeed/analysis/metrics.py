@@ -144,9 +144,9 @@ def _startup_s(it: IteratorRecord) -> float | None:
     return float(it.steps[0, 2] - it.t_created) if len(it.steps) else None
 
 
-def compute(record: RunRecord) -> Metrics:
+def compute(record: RunRecord, loaders: list[LoaderSummary]) -> Metrics:
+    """Metrics of the run; ``loaders`` from ``loader_summaries(record)``."""
     m = Metrics(cpu_count=record.meta.cpu_count, warmup_steps=record.meta.warmup_steps)
-    loaders = loader_summaries(record)
     training = next((s for s in loaders if s.training), None)
     window = None
     if training is not None and training.steps:

@@ -54,7 +54,6 @@ class RunOptions:
     stall_timeout_s: float | None = 60.0
     interval_s: float = 0.1
     extra_env: dict[str, str] = field(default_factory=dict)
-    echo_stderr: bool = True
 
 
 def command_name(command: list[str]) -> str:
@@ -196,12 +195,11 @@ class _Run:
         partial = b""
         with open(self.run_dir / schema.STDERR_FILE, "ab") as log:
             for chunk in iter(lambda: stream.read1(65536), b""):
-                if self.options.echo_stderr:
-                    try:
-                        sys.stderr.buffer.write(chunk)
-                        sys.stderr.buffer.flush()
-                    except (OSError, ValueError):
-                        pass
+                try:
+                    sys.stderr.buffer.write(chunk)
+                    sys.stderr.buffer.flush()
+                except (OSError, ValueError):
+                    pass
                 log.write(chunk)
                 log.flush()
                 *lines, partial = (partial + chunk).split(b"\n")
