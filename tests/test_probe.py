@@ -183,7 +183,7 @@ def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
     with gpufeed.profile(out=tmp_path / "run", warmup_steps=2) as run:
         loader = DataLoader(Squares(n=40, sleep_s=0.002), batch_size=2)
         state = None
-        for i, _ in enumerate(loader):
+        for _ in loader:
             state = state or probe_module.active_probe()._iterators[0]
             resolved_during_run.append(len(state.cuda_rows))
             time.sleep(0.001)

@@ -78,7 +78,7 @@ def test_samples_real_process_tree(tree: tuple[subprocess.Popen[str], int], tmp_
     busy_pcts = [r[2] for line in lines[3:] for r in line["procs"] if r[0] == busy_pid]
     assert busy_pcts and max(busy_pcts) > 50
     assert sum(p for p in busy_pcts if p is not None) / len(busy_pcts) > 40
-    for pid, _ppid, _pct, threads, status, rss_b in last["procs"]:
+    for _pid, _ppid, _pct, threads, status, rss_b in last["procs"]:
         assert threads >= 1 and isinstance(status, str) and rss_b > 0
     assert set(sampler.seen) >= {root_pid, busy_pid}
     assert sampler.seen[busy_pid] == psutil.Process(busy_pid).create_time()

@@ -112,6 +112,7 @@ class Probe:
     def _start_in_this_process(self) -> None:
         """(Re)start in the current process: at install, and in each forked DataLoader worker."""
         self._pid = os.getpid()
+        self.pending = None  # a forked child is never inside its parent's next()
         # New in each process: a lock held by the parent's flushing thread at fork stays held in the child.
         self._lock = threading.Lock()
         self._events: list[dict] = []
