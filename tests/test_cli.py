@@ -283,3 +283,22 @@ def test_spawned_workers_are_measured_too(tmp_path):
     assert loader["steps"] == 16
     assert diag["metrics"]["fetch_ms_per_batch_p50"] is not None, "the spawned workers timed their batches"
     assert_nothing_left_running("spawn_train.py")
+
+
+@pytest.mark.parametrize("launch", ["module", "shell"])
+def test_commands_that_start_python_indirectly(tmp_path, launch):
+    """`python -m pkg.mod`, or a shell script that starts Python: every Python process is measured."""
+    if launch == "module":
+        (tmp_path / "mytrain").mkdir()
+        (tmp_path / "mytrain" / "__init__.py").write_text("")
+        (tmp_path / "mytrain" / "run.py").write_text(
+            f"import runpy\nrunpy.run_path({str(WORKLOADS / 'storage_bound.py')!r}, run_name='__main__')\n")
+        command = [sys.executable, "-m", "mytrain.run", "--epochs", "1"]
+    else:
+        command = ["sh", "-c", f"cd {tmp_path} && exec {sys.executable} {WORKLOADS / 'storage_bound.py'} --epochs 1"]
+    out = tmp_path / "diag.json"
+    result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--json", str(out), "--", *command], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    diag = json.loads(out.read_text())
+    assert diag["loaders"] and diag["loaders"][0]["steps"] == 30
+    assert "storage_latency" in ids(diag)
