@@ -7,7 +7,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to ``analyze`` cannot be read
+  6  the run directory given to analyze cannot be read
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
 from __future__ import annotations
@@ -73,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpufeed {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="COMMAND")
 
+    exit_codes = "exit codes:\n" + __doc__.split("Exit codes (also in the README):\n", 1)[1].strip("\n")
     p = sub.add_parser("diagnose", help="run a training command unmodified and say what holds the GPU back",
-                       usage="gpufeed diagnose [options] -- CMD [ARGS...]")
+                       usage="gpufeed diagnose [options] -- CMD [ARGS...]", epilog=exit_codes,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
