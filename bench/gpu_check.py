@@ -5,10 +5,14 @@ script does, against small training scripts written to a temporary folder, and p
 per check (PASS/FAIL with the numbers). Keep what it prints in ``bench/results/``.
 
     python bench/gpu_check.py | tee bench/results/gpu_check-$(date +%F).txt
+
+It runs from a checkout without installing gpufeed (a lent GPU machine has its own torch and no
+registry): it needs torch with CUDA, psutil, rich, numpy and nvidia-ml-py importable.
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -16,6 +20,10 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # gpufeed from this checkout, for us and for the commands we start
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 LOADER_SCRIPT = textwrap.dedent('''
     import sys, time, torch
@@ -68,6 +76,9 @@ def main() -> int:
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
     check("torch sees CUDA", torch.cuda.is_available(), f"device_count={torch.cuda.device_count()}")
+    if not torch.cuda.is_available():
+        print("No CUDA device: nothing else here can be checked on this machine.")
+        return 2
 
     nvml = Nvml()
     readings = nvml.read()
@@ -115,8 +126,7 @@ def main() -> int:
               f"h2d_pageable_share={d.get('metrics', {}).get('h2d_pageable_share')}")
 
         # 3. Overhead of diagnose on a fast GPU loop (the script's own clock), paired, median of 3.
-        repo = Path(__file__).resolve().parent.parent
-        workload = [sys.executable, str(repo / "tests" / "workloads" / "overhead.py"), "--mode", "fast",
+        workload = [sys.executable, str(ROOT / "tests" / "workloads" / "overhead.py"), "--mode", "fast",
                     "--device", "cuda", "--steps", "3000"]
         ratios = []
         for _ in range(3):
