@@ -198,3 +198,18 @@ def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
     assert m.cuda_mem_allocated_peak_b == 20
     rows = load_run(run.run_dir).iterators[0].cuda
     assert len(rows) == 20, "every step resolved by the end"
+
+
+def test_training_loader_is_the_one_iterated_most(tmp_path):
+    train, val = DataLoader(Squares(n=80), batch_size=4), DataLoader(Squares(n=16), batch_size=8)
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        for _epoch in range(2):
+            for _ in train:
+                pass
+            for _ in val:
+                pass
+    summaries = {s.config["batch_size"]: s for s in run.diagnosis.loaders}
+    assert summaries[4].training and not summaries[8].training
+    assert summaries[4].iterators == 2 and summaries[4].steps == 40
+    assert summaries[8].steps == 4
+    assert run.metrics.steps == 40  # the window covers the training loader only
