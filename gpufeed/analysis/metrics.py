@@ -18,7 +18,6 @@ from gpufeed import thresholds as th
 from gpufeed.record.reader import IteratorRecord, RunRecord
 
 RUNNING = "running"
-ASLEEP = ("sleeping", "disk-sleep", "idle")
 
 
 @dataclass
