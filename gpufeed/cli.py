@@ -1,4 +1,4 @@
-"""The ``gpufeed`` command line: ``diagnose``, ``analyze`` and ``demo``.
+"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``tune``, ``run`` and ``demo``.
 
 Exit codes (also in the README):
   0  diagnosed (the command finished, or was stopped after --steps)
@@ -8,6 +8,7 @@ Exit codes (also in the README):
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
   6  the run directory given to analyze cannot be read
+  7  tune: nothing to tune (the command never iterated a DataLoader)
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from gpufeed._version import __version__
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOT_STARTED = 0, 1, 2, 3
 EXIT_COMMAND_FAILED, EXIT_STALLED, EXIT_BAD_RECORD, EXIT_INTERRUPTED = 4, 5, 6, 130
+EXIT_NOTHING_TO_TUNE = 7
 
 EXIT_FOR_END = {"completed": EXIT_OK, "steps_reached": EXIT_OK, "failed": EXIT_COMMAND_FAILED,
                 "stalled": EXIT_STALLED, "interrupted": EXIT_INTERRUPTED}
@@ -84,6 +86,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
 
+    p = sub.add_parser("tune", help="find the fastest DataLoader settings for a command, by short trials",
+                       usage="gpufeed tune [options] -- CMD [ARGS...]", epilog=exit_codes,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
+                   help="stop starting trials after this long (default: search until done)")
+    p.add_argument("--trial-seconds", type=_positive_float, default=th.TUNE_TRIAL_SECONDS, metavar="SECONDS",
+                   help=f"measured time per trial, after the warm-up (default {th.TUNE_TRIAL_SECONDS:g})")
+    p.add_argument("--warmup", type=_non_negative_int, default=th.DEFAULT_WARMUP_STEPS, metavar="N",
+                   help=f"steps left out of each trial's measurement (default {th.DEFAULT_WARMUP_STEPS})")
+    p.add_argument("--max-workers", type=_positive_int, metavar="N",
+                   help=f"largest num_workers to try (default {th.TUNE_MAX_WORKERS_PER_CORE} per core)")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="tune directory: trials, tune.json, best-config.json (default ./gpufeed-runs/<timestamp>-tune-<name>/)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the result (tune.json) to FILE")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+
+    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
+                       usage="gpufeed run --config FILE -- CMD [ARGS...]")
+    p.add_argument("--config", type=Path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+
     p = sub.add_parser("demo", help="diagnose a bundled, input-bound training script (under a minute on CPU)")
     _add_run_options(p)
     return parser
@@ -109,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = list(args.command)
         if command and command[0] == "--":
             command = command[1:]
+        if args.verb == "tune":
+            return _tune(command, args, console)
+        if args.verb == "run":
+            return _run(command, args)
         return _diagnose(command, args, console)
     except KeyboardInterrupt:
         _error("interrupted.")
@@ -142,6 +169,77 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
     return EXIT_FOR_END.get(result.meta.end_reason or "", EXIT_COMMAND_FAILED)
+
+
+def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.measure.runner import default_run_dir
+    from gpufeed.present.tune_view import TrialProgress, render_tune
+    from gpufeed.tune import BaselineFailed, NoDataLoader, TuneOptions, tune_command
+    from gpufeed.tune.command import TUNE_FILE
+
+    if not command:
+        _error("give the training command after --, e.g. gpufeed tune -- python train.py")
+        return EXIT_USAGE
+    out = args.out or default_run_dir(["tune-" + _command_name(command)])
+    if (out / TUNE_FILE).exists():
+        _error(f"{out} already holds a tune: choose another --out, or remove it first.")
+        return EXIT_USAGE
+    options = TuneOptions(command=command, out=out, budget_s=args.budget, seconds=args.trial_seconds,
+                          warmup_steps=args.warmup, max_workers=args.max_workers)
+    console.print(f"Tuning the training DataLoader of: {' '.join(command)}", highlight=False)
+    try:
+        with TrialProgress(console, args.trial_seconds, args.warmup) as progress:
+            result = tune_command(options, on_trial=progress.finished, on_start=progress.started)
+    except NoDataLoader as error:
+        _error(str(error))
+        return EXIT_NOTHING_TO_TUNE
+    except BaselineFailed as error:
+        _error(str(error))
+        return EXIT_COMMAND_FAILED
+    render_tune(result, console, out)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text((out / TUNE_FILE).read_text())
+        console.print(f"Result written to {args.json}", style="dim")
+    return EXIT_INTERRUPTED if result.stopped == "interrupted" else EXIT_OK
+
+
+def _command_name(command: list[str]) -> str:
+    from gpufeed.measure.runner import command_name
+    return command_name(command)
+
+
+def _run(command: list[str], args: argparse.Namespace) -> int:
+    """Replace this process with the command, the settings file's DataLoader keywords applied."""
+    import os
+
+    from gpufeed.measure.inside import overrides
+    from gpufeed.measure.runner import bootstrap_env
+
+    if not command:
+        _error("give the training command after --, e.g. gpufeed run --config best-config.json -- python train.py")
+        return EXIT_USAGE
+    try:
+        config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
+    except OSError as error:
+        _error(f"cannot read {args.config}: {error.strerror}.")
+        return EXIT_USAGE
+    except ValueError as error:
+        _error(f"{error}.")
+        return EXIT_USAGE
+    env = bootstrap_env({**os.environ, overrides.ENV_OVERRIDES: config.to_json()})
+    where = f" to the DataLoader built at {config.site}" if config.site else " to every DataLoader"
+    _error_free_note(f"applying {config.settings.label()}{where}")
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as error:
+        _error(f"could not start {command[0]!r}: {error.strerror}.")
+        return EXIT_NOT_STARTED
+    return EXIT_INTERNAL  # pragma: no cover (exec does not return)
+
+
+def _error_free_note(message: str) -> None:
+    Console(stderr=True).print(f"gpufeed: {message}", style="dim", highlight=False, soft_wrap=True)
 
 
 def _analyze(args: argparse.Namespace, console: Console) -> int:

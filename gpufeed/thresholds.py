@@ -68,3 +68,24 @@ LATENCY_PREFETCH_FACTOR = 4
 # -- Severity ---------------------------------------------------------------------------------------------------
 SEVERITY_HIGH_SHARE = DATA_WAIT_SHARE_HIGH
 SEVERITY_MEDIUM_SHARE = DATA_WAIT_SHARE_FLAG
+
+# -- gpufeed tune -------------------------------------------------------------------------------------------------
+# Two throughputs closer than this (relative) are a tie, whatever the measured spread: loadtune
+# picks the fewest workers within 2% of the best, and Cachew accepts a 3% loss when scaling down.
+TUNE_NOISE_FLOOR = 0.03
+# Measured run-to-run spread is used as the noise up to this cap: beyond it the machine is too busy
+# for any decision, and the result says so.
+TUNE_NOISE_CAP = 0.25
+# A trial measures this long after its warm-up (long enough for several refills of a deep queue
+# and, with short epochs, several worker start-ups), unless told otherwise.
+TUNE_TRIAL_SECONDS = 4.0
+# The largest num_workers tried, per core: latency-bound loaders scale far past the core count
+# (field-facts: 2 cores, 4 ms per sample, 8 workers gave 4.7x the throughput of 2).
+TUNE_MAX_WORKERS_PER_CORE = 16
+# Workers tried on the way up; the refinement adds the points between (3, 6, 12, ...).
+TUNE_WORKER_LADDER = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
+# Deeper prefetch is tried once the best configuration still waits for data at least this much.
+TUNE_PREFETCH_CHOICES = (2, 4)
+# A trial with no batch for this long is stopped as hung.
+TUNE_STALL_TIMEOUT_S = 30.0

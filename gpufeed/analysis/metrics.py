@@ -179,6 +179,11 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     if len(measured) < 2:
         return None
     t0, t1 = float(measured[0, 0]), float(measured[-1, 1])
+    epochs = _whole_epochs(its, t0, t1)
+    if epochs is not None:
+        t0, t1 = epochs
+        measured = measured[(measured[:, 0] >= t0) & (measured[:, 0] < t1)]
+        warmup = int((steps[:, 0] < t0).sum())
     m.steps, m.warmup_steps = len(measured), warmup
     m.wall_s = t1 - t0
     wait = measured[:, 1] - measured[:, 0]
@@ -196,6 +201,20 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     if m.wall_s > 0:
         m.samples_per_s_consumed = m.samples / m.wall_s
     return t0, t1
+
+
+def _whole_epochs(its: list[IteratorRecord], t0: float, t1: float) -> tuple[float, float] | None:
+    """From the first epoch start after ``t0`` to the last one before ``t1``, if that spans two epochs.
+
+    With short epochs, worker start-up recurs every epoch and the loader's queue refills: a window
+    cut mid-epoch counts a partial share of either. Whole epochs, each with its own start-up, are
+    the steady state (field-facts.md, "a measurement trap"): ends that see the same buffer state.
+    """
+    starts = sorted({it.t_created for it in its} | {t for it in its for t in it.epoch_starts})
+    inside = [t for t in starts if t0 <= t <= t1]
+    if len(inside) < 3:
+        return None
+    return inside[0], inside[-1]
 
 
 def _ms(seconds: float | None) -> float | None:

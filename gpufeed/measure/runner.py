@@ -54,6 +54,17 @@ class RunOptions:
     stall_timeout_s: float | None = 60.0
     interval_s: float = 0.1
     extra_env: dict[str, str] = field(default_factory=dict)
+    seconds: float | None = None     # measure this long after warm-up, then end the command (tune trials)
+    echo_stderr: bool = True         # show the command's stderr as it comes (tune keeps it on disk only)
+
+
+def bootstrap_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` plus what makes every Python process under it load gpufeed's bootstrap."""
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
+    # For a command run by another interpreter: where gpufeed itself can be imported from.
+    env["GPUFEED_PACKAGE_PARENT"] = str(Path(gpufeed.__file__).resolve().parent.parent)
+    return env
 
 
 def command_name(command: list[str]) -> str:
@@ -163,13 +174,13 @@ class _Run:
         return self._finish_from_exit(end_reason, child.returncode)
 
     def _child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.options.extra_env)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
-        env["GPUFEED_PACKAGE_PARENT"] = str(Path(gpufeed.__file__).resolve().parent.parent)
+        env = bootstrap_env({**os.environ, **self.options.extra_env})
         env[_probe.ENV_RUN_DIR] = str(self.run_dir.resolve())
         if self.options.steps is not None:
             env[_probe.ENV_MAX_STEPS] = str(self.options.warmup_steps + self.options.steps)
+        if self.options.seconds is not None:
+            env[_probe.ENV_MAX_SECONDS] = str(self.options.seconds)
+            env[_probe.ENV_WARMUP_STEPS] = str(self.options.warmup_steps)
         if self.options.stall_timeout_s:
             env[_probe.ENV_STALL_TIMEOUT] = str(self.options.stall_timeout_s)
         return env
@@ -196,8 +207,9 @@ class _Run:
         with open(self.run_dir / schema.STDERR_FILE, "ab") as log:
             for chunk in iter(lambda: stream.read1(65536), b""):
                 try:
-                    sys.stderr.buffer.write(chunk)
-                    sys.stderr.buffer.flush()
+                    if self.options.echo_stderr:
+                        sys.stderr.buffer.write(chunk)
+                        sys.stderr.buffer.flush()
                 except (OSError, ValueError):
                     pass
                 log.write(chunk)
@@ -226,6 +238,8 @@ def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, t
     if end_reason == schema.END_COMPLETED:
         return "The command finished normally."
     if end_reason == schema.END_STEPS_REACHED:
+        if meta.steps_requested is None:
+            return "Stopped the command once the measurement was long enough, as asked."
         return f"Stopped the command after {meta.steps_requested} measured steps, as asked."
     if end_reason == schema.END_INTERRUPTED:
         return "Interrupted (Ctrl-C): the command and its DataLoader workers were stopped."

@@ -80,6 +80,7 @@ class RunRecord:
     stalls: list[dict[str, Any]]
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
     warnings: list[str]
+    overrides: list[dict[str, Any]] = field(default_factory=list)  # DataLoader settings gpufeed applied
 
     @property
     def worker_pids(self) -> set[int]:
@@ -155,7 +156,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
-    processes, stalls, exits = [], [], {}
+    processes, stalls, exits, overrides = [], [], {}, []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -185,6 +186,8 @@ def load_run(run_dir: str | Path) -> RunRecord:
                 h2d_rows.extend(ev.get("rows", []))
             elif kind == "stall":
                 stalls.append(ev)
+            elif kind == "override":
+                overrides.append(ev)
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
     if not (run_dir / schema.EVENTS_DIR).is_dir():
@@ -210,7 +213,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
-        stalls=stalls, exits=exits, warnings=warnings,
+        stalls=stalls, exits=exits, warnings=warnings, overrides=overrides,
     )
 
 
@@ -249,3 +252,21 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         gpus=gpus,
         gpu_procs=gpu_procs,
     )
+
+
+def live_throughput(run_dir: str | Path, warmup_steps: int = 0) -> float | None:
+    """Samples per second of the busiest iterator so far, from the events flushed up to now.
+
+    For progress displays while a run is going; the analysis of a finished run is the real figure.
+    """
+    rows: dict[tuple[int, int], list] = {}
+    for path in sorted((Path(run_dir) / schema.EVENTS_DIR).glob("*.jsonl")):
+        for ev in _lines(path, []):
+            if ev.get("kind") == "steps":
+                rows.setdefault((ev.get("pid"), ev.get("iter_id")), []).extend(ev.get("rows", []))
+    steps = max(rows.values(), key=len, default=[])[warmup_steps:]
+    if len(steps) < 2:
+        return None
+    span = steps[-1][2] - steps[0][1]
+    samples = sum(r[3] or 0 for r in steps)
+    return samples / span if span > 0 else None

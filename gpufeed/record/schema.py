@@ -85,6 +85,7 @@ class LoaderConfig:
     sampler: str
     batch_sampler: str | None
     multiprocessing_context: str | None
+    site: str | None = None   # file:line of the DataLoader(...) call; gpufeed tune targets it
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LoaderConfig":

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import itertools
+import math
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
+from gpufeed.measure.inside import overrides
 from gpufeed.record import schema
 from gpufeed.record.writer import JsonlWriter, write_json_atomic
 
@@ -36,6 +38,8 @@ from gpufeed.record.writer import JsonlWriter, write_json_atomic
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 ENV_MAX_STEPS = "GPUFEED_MAX_STEPS"          # end the process after this many batches (warm-up included)
 ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a loader counts as stuck
+ENV_MAX_SECONDS = "GPUFEED_MAX_SECONDS"      # end the process this long after the warm-up (tune trials)
+ENV_WARMUP_STEPS = "GPUFEED_WARMUP_STEPS"    # the warm-up ENV_MAX_SECONDS counts from
 
 FLUSH_INTERVAL_S = 1.0       # the issue's promise: flushed at least every second
 MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
@@ -94,12 +98,17 @@ class Probe:
     """Collects events in this process and writes them to ``<run_dir>/events/<pid>.jsonl``."""
 
     def __init__(self, run_dir: str, max_steps: int | None = None, stall_timeout_s: float | None = None,
-                 flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+                 flush_interval_s: float = FLUSH_INTERVAL_S, max_seconds: float | None = None,
+                 warmup_steps: int = 0) -> None:
         self.run_dir = run_dir
         self.max_steps = max_steps
+        self.max_seconds = max_seconds
         self.stall_timeout_s = stall_timeout_s
         self.flush_interval_s = flush_interval_s
         self.total_steps = 0
+        self.deadline: float | None = None
+        # The hot path compares one integer; the limits are looked at only from this step on.
+        self.check_limits_at = min(max_steps or math.inf, warmup_steps + 1 if max_seconds else math.inf)
         # (t_request, iterator state) while the training loop waits inside next(); else None.
         self.pending: tuple[float, _IteratorState] | None = None
         self.stall_reported = False
@@ -252,7 +261,17 @@ class Probe:
         while len(pending) > MAX_PENDING_CUDA_STEPS:
             pending.popleft()
 
-    # -- ending the run: --steps and stalls ---------------------------------------------------------
+    # -- ending the run: --steps, a trial's time, and stalls -------------------------------------------
+    def check_limits(self, now: float) -> None:
+        if self.max_steps is not None and self.total_steps >= self.max_steps:
+            self.steps_reached()
+        if self.max_seconds is not None:
+            if self.deadline is None:
+                self.deadline = now + self.max_seconds  # the warm-up is over: the measurement starts
+            elif now >= self.deadline:
+                self.steps_reached()
+            self.check_limits_at = self.total_steps + 1
+
     def steps_reached(self) -> None:
         open(os.path.join(self.run_dir, schema.STEPS_REACHED_MARKER), "w").close()
         self.close(reason=schema.END_STEPS_REACHED)
@@ -325,6 +344,7 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "sampler": type(loader.sampler).__name__,
         "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__name__,
         "multiprocessing_context": start_method,
+        "site": getattr(loader, "_gpufeed_site", None),
     }
 
 
@@ -418,8 +438,8 @@ def patch_torch(probe: Probe) -> None:
                 if end_event is not None:
                     probe.cuda_step(state, index, start_event, end_event, t_deliver)
             probe.total_steps += 1
-            if probe.total_steps == probe.max_steps:
-                probe.steps_reached()
+            if probe.total_steps >= probe.check_limits_at:
+                probe.check_limits(t_deliver)
             return batch
         return __next__
 
@@ -475,6 +495,7 @@ def unpatch_torch() -> None:
                       (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
         _unpatch(cls, name)
     _unpatch_h2d()
+    overrides.unpatch_dataloader_init()
 
 
 def _cuda_in_use() -> bool:
@@ -545,19 +566,30 @@ def _unpatch_h2d() -> None:
 
 
 def install_from_env() -> Probe | None:
-    """Called when torch.utils.data is imported in a process started by ``gpufeed diagnose``."""
+    """Called when torch.utils.data is imported in a process started by ``gpufeed diagnose``
+    (measure), ``gpufeed tune`` (measure, with DataLoader settings overridden) or ``gpufeed run``
+    (settings only)."""
     run_dir = os.environ.get(ENV_RUN_DIR)
-    if not run_dir or _probe is not None:
+    if _probe is not None:
         return _probe
+    loader_overrides = overrides.from_env()
+    if not run_dir:
+        if loader_overrides is not None:
+            overrides.patch_dataloader_init(loader_overrides, report=None)
+        return None
     max_steps = os.environ.get(ENV_MAX_STEPS)
     stall = os.environ.get(ENV_STALL_TIMEOUT)
+    max_seconds = os.environ.get(ENV_MAX_SECONDS)
     probe = Probe(run_dir, max_steps=int(max_steps) if max_steps else None,
-                  stall_timeout_s=float(stall) if stall else None)
+                  stall_timeout_s=float(stall) if stall else None,
+                  max_seconds=float(max_seconds) if max_seconds else None,
+                  warmup_steps=_env_int(ENV_WARMUP_STEPS) or 0)
     import torch
     probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
                 rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
                 torch_version=getattr(torch, "__version__", None))  # torch may still be importing
     patch_torch(probe)
+    overrides.patch_dataloader_init(loader_overrides, report=probe.event)
     atexit.register(probe.close)
     _flush_on_sigterm(probe)
     return probe

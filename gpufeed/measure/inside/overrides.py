@@ -1,0 +1,230 @@
+"""DataLoader settings overridden at construction time, without editing the user's script.
+
+``gpufeed tune``, ``gpufeed batch-size`` and ``gpufeed run --config`` pass settings to the command
+in ``GPUFEED_LOADER_OVERRIDES`` (JSON). ``DataLoader.__init__`` is wrapped: when a loader is built
+at the target *site* (the ``file:line`` of the user's ``DataLoader(...)`` call, which the run record
+keeps for every loader), its keyword arguments are replaced before torch sees them. Loaders built
+elsewhere (a validation loader, say) are left alone. Without a site, every loader is overridden.
+
+Each application is reported as an ``override`` event in the run record, so a trial can check that
+its settings were really used. Standard library only: this module runs inside the user's process.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable
+
+ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
+CONFIG_FORMAT = "gpufeed.loader-settings/1"
+# Thread-pool variables read by OpenMP, MKL, OpenBLAS and friends when a library starts its pool.
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """DataLoader keywords gpufeed can set. ``None`` leaves the user's value as it is."""
+
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    pin_memory: bool | None = None
+    batch_size: int | None = None
+    worker_threads: int | None = None   # cap on threads inside each worker (torch and thread pools)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "settings") -> "LoaderSettings":
+        """Build from JSON; raises ``ValueError`` naming an unknown key or a wrong type."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a JSON object, got {type(data).__name__}")
+        types = {f.name: (bool if f.name in ("persistent_workers", "pin_memory") else int) for f in fields(cls)}
+        for key, value in data.items():
+            if key not in types:
+                raise ValueError(f"unknown DataLoader setting {key!r} in {where} "
+                                 f"(known: {', '.join(sorted(types))})")
+            wanted = types[key]
+            # bool is an int in Python: refuse it where a number is meant, and the reverse.
+            if value is not None and (type(value) is not wanted):
+                raise ValueError(f"{where}.{key} must be {'true or false' if wanted is bool else 'a whole number'}, "
+                                 f"got {value!r}")
+            if wanted is int and value is not None and value < (0 if key == "num_workers" else 1):
+                raise ValueError(f"{where}.{key} must be at least {0 if key == 'num_workers' else 1}, got {value}")
+        return cls(**data)
+
+    def label(self) -> str:
+        """A short name for tables and directories, e.g. ``w8 p4 persistent t1``."""
+        parts = []
+        if self.num_workers is not None:
+            parts.append(f"w{self.num_workers}")
+        if self.prefetch_factor is not None and (self.num_workers or 0) > 0:
+            parts.append(f"p{self.prefetch_factor}")
+        if self.persistent_workers and (self.num_workers or 0) > 0:
+            parts.append("persistent")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.worker_threads is not None and (self.num_workers or 0) > 0:
+            parts.append(f"t{self.worker_threads}")
+        if self.batch_size is not None:
+            parts.append(f"b{self.batch_size}")
+        return " ".join(parts) or "as is"
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Settings for the loader(s) built at ``site`` (every loader when ``site`` is None)."""
+
+    settings: LoaderSettings
+    site: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({"format": CONFIG_FORMAT, "site": self.site, "settings": self.settings.to_dict()})
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "the config") -> "Overrides":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where} is not valid JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a JSON object")
+        unknown = set(data) - {"format", "site", "settings", "samples_per_s", "speedup", "command", "note"}
+        if unknown:
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, settings)")
+        if data.get("format", CONFIG_FORMAT) != CONFIG_FORMAT:
+            raise ValueError(f"{where} has format {data.get('format')!r}; this gpufeed reads {CONFIG_FORMAT!r}")
+        site = data.get("site")
+        if site is not None and not isinstance(site, str):
+            raise ValueError(f"site in {where} must be a string like 'train.py:42' or null")
+        return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site)
+
+
+def call_site(skip_prefixes: tuple[str, ...]) -> str | None:
+    """``file:line`` of the first frame outside torch's data package and gpufeed: the user's call."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(skip_prefixes):
+            return f"{_short_path(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+def _short_path(filename: str) -> str:
+    """Relative to the working directory when under it, so a config file travels with the project."""
+    try:
+        relative = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if relative.startswith("..") else relative
+
+
+class WorkerThreadCap:
+    """A ``worker_init_fn`` that caps threads in each worker, then runs the user's own.
+
+    A class at module level, not a closure: with the spawn start method it is pickled by name.
+    """
+
+    def __init__(self, threads: int, user_init_fn: Callable[[int], Any] | None) -> None:
+        self.threads = threads
+        self.user_init_fn = user_init_fn
+
+    def __call__(self, worker_id: int) -> None:
+        for name in THREAD_ENV_VARS:  # for pools started later in this worker (and its children)
+            os.environ[name] = str(self.threads)
+        # The user's own init first: it is often what raises the thread count (field-facts).
+        if self.user_init_fn is not None:
+            self.user_init_fn(worker_id)
+        import torch
+        torch.set_num_threads(self.threads)
+        cv2 = sys.modules.get("cv2")  # OpenCV's own pool (field-facts: a classic 4x slowdown)
+        if cv2 is not None and hasattr(cv2, "setNumThreads"):
+            cv2.setNumThreads(self.threads)
+
+
+def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, Any], dict[str, str]]:
+    """The DataLoader keywords with ``settings`` applied; a dict of what was refused and why.
+
+    Keeps the combination valid for torch: no prefetch factor or persistent workers without workers.
+    """
+    refused: dict[str, str] = {}
+    out = dict(kwargs)
+    if settings.num_workers is not None:
+        out["num_workers"] = settings.num_workers
+    workers = out.get("num_workers") or 0
+    if workers > 0:
+        if settings.prefetch_factor is not None:
+            out["prefetch_factor"] = settings.prefetch_factor
+        if settings.persistent_workers is not None:
+            out["persistent_workers"] = settings.persistent_workers
+        if settings.worker_threads is not None:
+            out["worker_init_fn"] = WorkerThreadCap(settings.worker_threads, out.get("worker_init_fn"))
+    else:
+        out["prefetch_factor"] = None
+        out["persistent_workers"] = False
+    if settings.pin_memory is not None:
+        out["pin_memory"] = settings.pin_memory
+    if settings.batch_size is not None:
+        if out.get("batch_sampler") is not None:
+            refused["batch_size"] = "the script passes its own batch_sampler, which fixes the batch size"
+        elif out.get("batch_size", 1) is None:
+            refused["batch_size"] = "the script turns automatic batching off (batch_size=None)"
+        else:
+            out["batch_size"] = settings.batch_size
+    return out, refused
+
+
+def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., None] | None) -> None:
+    """Wrap ``DataLoader.__init__`` (idempotent): note each loader's call site, apply ``overrides``.
+
+    ``report(kind, **fields)`` records each application of the overrides.
+    """
+    from torch.utils.data import dataloader
+    import torch
+
+    init = dataloader.DataLoader.__init__
+    if getattr(init, "_gpufeed_original", None) is not None:
+        return
+    signature = inspect.signature(init)
+    # Frames to look past: torch itself, and gpufeed's instrumentation (not its demo script).
+    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+
+    def __init__(self, *args, **kwargs):
+        site = call_site(skip)
+        if overrides is not None and (overrides.site is None or site == overrides.site):
+            bound = signature.bind(self, *args, **kwargs)
+            given = {k: v for k, v in bound.arguments.items() if k != "self"}
+            args, (kwargs, refused) = (), apply(given, overrides.settings)
+            if report is not None:
+                report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
+        init(self, *args, **kwargs)
+        self._gpufeed_site = site  # DataLoader refuses only a few attributes after __init__; not this one
+
+    __init__._gpufeed_original = init
+    __init__.__wrapped__ = init
+    dataloader.DataLoader.__init__ = __init__
+
+
+def unpatch_dataloader_init() -> None:
+    from torch.utils.data import dataloader
+    original = getattr(dataloader.DataLoader.__init__, "_gpufeed_original", None)
+    if original is not None:
+        dataloader.DataLoader.__init__ = original
+
+
+def from_env() -> Overrides | None:
+    text = os.environ.get(ENV_OVERRIDES)
+    if not text:
+        return None
+    try:
+        return Overrides.from_json(text, ENV_OVERRIDES)
+    except ValueError as error:
+        sys.stderr.write(f"gpufeed: DataLoader settings not applied: {error}\n")
+        return None

@@ -1,0 +1,117 @@
+"""``gpufeed tune`` in the terminal: a progress bar per trial while it runs, then the table and the winner."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.record.reader import live_throughput
+from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
+from gpufeed.units import fmt
+
+REFRESH_S = 0.5
+
+
+class TrialProgress:
+    """One bar per trial: its configuration, samples/s so far (from its record), best so far."""
+
+    def __init__(self, console: Console, seconds: float, warmup_steps: int) -> None:
+        self.seconds = seconds
+        self.warmup_steps = warmup_steps
+        self.best: float | None = None
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=24), TimeElapsedColumn(),
+            TextColumn("{task.fields[rate]}"), TextColumn("[dim]{task.fields[best]}"),
+            console=console, transient=False)
+        self._current: tuple[int, Path] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "TrialProgress":
+        self.progress.start()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.progress.stop()
+
+    def started(self, settings: LoaderSettings, why: str, run_dir: Path) -> None:
+        task = self.progress.add_task(f"{settings.label():<22} [dim]{why[:38]}[/]", total=self.seconds,
+                                      rate="", best=self._best_text())
+        self._current = (task, run_dir)
+
+    def finished(self, trial: Trial) -> None:
+        current, self._current = self._current, None
+        if current is None:
+            return
+        run = trial.runs[-1]
+        if run.status == OK and run.samples_per_s is not None:
+            self.best = max(self.best or 0.0, run.samples_per_s)
+            rate = f"{run.samples_per_s:,.0f} samples/s"
+        else:
+            rate = f"[red]{run.status}: {(run.reason or '')[:50]}"
+        self.progress.update(current[0], completed=self.seconds, rate=rate, best=self._best_text())
+
+    def _best_text(self) -> str:
+        return f"best {self.best:,.0f}/s" if self.best else ""
+
+    def _poll(self) -> None:
+        while not self._stop.wait(REFRESH_S):
+            current = self._current
+            if current is None:
+                continue
+            task, run_dir = current
+            rate = live_throughput(run_dir, self.warmup_steps)
+            elapsed = self.progress.tasks[task].elapsed or 0.0
+            self.progress.update(task, completed=min(elapsed, self.seconds),
+                                 rate=f"{rate:,.0f} samples/s so far" if rate else "warming up")
+
+
+def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
+    base = result.baseline.samples_per_s
+    table = Table(title="Trials", title_justify="left", header_style="bold")
+    for column, justify in (("#", "right"), ("configuration", "left"), ("samples/s", "right"),
+                            ("spread", "right"), ("runs", "right"), ("vs yours", "right"), ("why tried", "left")):
+        table.add_column(column, justify=justify)
+    for t in result.trials:
+        mark = " ★" if t is result.best else ""
+        if t.ok:
+            rate, ratio = f"{t.samples_per_s:,.0f}", fmt(t.samples_per_s / base if base else None, ".2f", "×")
+        else:
+            rate, ratio = Text(t.status, style="red"), Text((t.reason or "")[:60], style="red")
+        table.add_row(str(t.id), t.settings.label() + mark, rate, fmt(t.spread, ".0%"), str(len(t.runs)), ratio,
+                      Text(t.why, style="dim"))
+    console.print(table)
+    best = result.best
+    speedup = result.speedup
+    head = Text.assemble(("Best: ", "bold"), (best.settings.label(), "bold magenta"),
+                         f"  {fmt(best.samples_per_s, ',.0f')} samples/s, ",
+                         (f"{fmt(speedup, '.2f')}× ", "bold green"),
+                         f"your configuration ({result.baseline.settings.label()}: {fmt(base, ',.0f')} samples/s)")
+    console.print(head)
+    if best is result.baseline or (best.settings == result.baseline.settings):
+        console.print("Your configuration is already the fastest measured (within the noise).")
+    else:
+        console.print(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings),
+                                    f"  at {result.site}" if result.site else ""))
+    notes = [f"ties: throughputs within {result.noise:.0%} of each other (the measured run-to-run spread) "
+             "count as equal; the cheapest of them wins"]
+    if result.stopped == "budget":
+        notes.append(f"the budget of {result.budget_s:.0f} s ran out: the search stopped early")
+    elif result.stopped == "interrupted":
+        notes.append("interrupted (Ctrl-C): best of the trials measured so far")
+    notes.append(f"{len(result.trials)} configurations, {sum(len(t.runs) for t in result.trials)} runs, "
+                 f"{result.elapsed_s:.0f} s")
+    for note in notes:
+        console.print(Text(f"note: {note}", style="dim"))
+    if out_dir is not None:
+        console.print(Text(f"Trials and their run records: {out_dir}", style="dim"))
+        console.print(Text(f"Train with the winner, unmodified: gpufeed run --config {out_dir / 'best-config.json'} "
+                           f"-- {' '.join(result.command)}", style="dim"))

@@ -1,0 +1,189 @@
+"""The tune search on synthetic throughput curves: each steering rule fires when it should, and only then.
+
+``measure`` here is a function of the settings (with a fixed, seeded noise), so the search can be
+checked against the exhaustive grid over the same space without running anything.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from gpufeed import thresholds as th
+from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun
+from gpufeed.tune.search import BaselineFailed, Search, normalise
+
+
+def fake_diagnosis(data_wait=0.5, startup=0.0, cpu_ratio=0.9, torch_threads=1, cuda=False, findings=()):
+    metrics = SimpleNamespace(data_wait_share=data_wait, worker_startup_share=startup,
+                              worker_fetch_cpu_ratio=cpu_ratio, worker_torch_threads=torch_threads,
+                              cuda_used=cuda)
+    return SimpleNamespace(metrics=metrics, finding=lambda fid: fid if fid in findings else None)
+
+
+class Workload:
+    """A throughput model: ``rate(settings)`` plus what a diagnosis of that run would show."""
+
+    def __init__(self, rate, diagnosis=lambda s: fake_diagnosis(), noise=0.02, seed=0):
+        self.rate, self.diagnosis, self.noise = rate, diagnosis, noise
+        self.random = random.Random(seed)
+        self.runs: list[LoaderSettings] = []
+
+    def __call__(self, settings: LoaderSettings, why: str) -> TrialRun:
+        self.runs.append(settings)
+        value = self.rate(settings)
+        if value is None:
+            return TrialRun(FAILED, None, 1.0, reason="crashed")
+        value *= 1 + self.random.uniform(-self.noise, self.noise)
+        return TrialRun(OK, value, 1.0, diagnosis=self.diagnosis(settings))
+
+
+def grid(max_workers=32):
+    """The exhaustive space the search walks (as in bench/tune_vs_grid.py)."""
+    workers = sorted(w for w in th.TUNE_WORKER_LADDER + th.TUNE_WORKER_REFINE if w <= max_workers)
+    seen = set()
+    for w, p, persistent, threads in itertools.product(workers, th.TUNE_PREFETCH_CHOICES, (False, True), (None, 1)):
+        s = normalise(LoaderSettings(num_workers=w, prefetch_factor=p, persistent_workers=persistent,
+                                     pin_memory=False, worker_threads=threads))
+        if s not in seen:
+            seen.add(s)
+            yield s
+
+
+def storage_bound(s):       # latency-bound: every worker adds throughput, far past 2 cores
+    w = s.num_workers or 0
+    return 100.0 * max(w, 0.5) * (1.1 if (s.prefetch_factor or 2) >= 4 else 1.0)
+
+
+def cpu_bound(s):           # peaks at the 2 cores, contention beyond
+    w = s.num_workers or 0
+    return 500.0 * min(max(w, 0.6), 2) / (1 + 0.08 * max(w - 2, 0))
+
+
+def start(workers=0, **kw):
+    return LoaderSettings(num_workers=workers, pin_memory=False, persistent_workers=False, **kw)
+
+
+def run_search(workload, baseline, **kw):
+    return Search(workload, baseline, cpu_count=2, **kw).run(command=["train.py"])
+
+
+def test_storage_bound_climbs_past_the_cores():
+    result = run_search(Workload(storage_bound), start(2))
+    assert result.best.settings.num_workers == 32  # 16 per core: the ladder's top
+    assert result.speedup > 10
+    assert len({t.settings for t in result.trials}) < len(list(grid())) / 4
+
+
+def test_cpu_bound_stops_at_the_peak_and_prefers_fewer_workers():
+    result = run_search(Workload(cpu_bound), start(0))
+    assert result.best.settings.num_workers == 2
+    tried = {t.settings.num_workers for t in result.trials}
+    assert 16 not in tried and 32 not in tried  # it stopped climbing once throughput fell
+
+
+def test_too_many_workers_walks_down():
+    result = run_search(Workload(cpu_bound), start(16))
+    assert result.best.settings.num_workers == 2
+    assert result.speedup > 1.5
+
+
+def test_compute_bound_keeps_the_fewest_workers_that_keep_up():
+    flat = Workload(lambda s: 1000.0, diagnosis=lambda s: fake_diagnosis(data_wait=0.0))
+    result = run_search(flat, start(4))
+    assert result.best.settings.num_workers == 0
+    assert 0.9 < result.speedup < 1.1
+    assert all((t.settings.num_workers or 0) <= 4 for t in result.trials)  # never climbed
+
+
+def test_thread_cap_is_tried_only_when_workers_run_several_threads():
+    def rate(s):
+        return cpu_bound(s) * (3.0 if s.worker_threads == 1 else 1.0)
+
+    calm = run_search(Workload(rate), start(0))
+    assert all(t.settings.worker_threads is None for t in calm.trials)
+    oversubscribed = Workload(rate, diagnosis=lambda s: fake_diagnosis(
+        torch_threads=None if s.worker_threads else 4, cpu_ratio=1.0 if s.worker_threads else 3.5))
+    result = run_search(oversubscribed, start(2))
+    assert result.best.settings.worker_threads == 1
+    assert result.speedup > 2
+
+
+def test_persistent_workers_only_when_start_up_costs_time():
+    def rate(s):
+        return cpu_bound(s) * (1.5 if s.persistent_workers else 1.0)
+
+    no_startup = run_search(Workload(rate), start(2))
+    assert not any(t.settings.persistent_workers for t in no_startup.trials)
+    costly = Workload(rate, diagnosis=lambda s: fake_diagnosis(startup=0.0 if s.persistent_workers else 0.3))
+    result = run_search(costly, start(2))
+    assert result.best.settings.persistent_workers is True
+
+
+def test_pinned_memory_only_with_cuda():
+    cpu = run_search(Workload(storage_bound), start(2))
+    assert not any(t.settings.pin_memory for t in cpu.trials)
+    cuda = run_search(Workload(storage_bound, diagnosis=lambda s: fake_diagnosis(cuda=True)), start(2))
+    assert any(t.settings.pin_memory for t in cuda.trials)
+
+
+@pytest.mark.parametrize("curve", [storage_bound, cpu_bound], ids=["storage", "cpu"])
+def test_matches_the_exhaustive_grid(curve):
+    noiseless = Workload(curve, noise=0.0)
+    result = run_search(noiseless, start(1))
+    best_of_grid = max(curve(s) for s in grid())
+    assert result.best.samples_per_s >= 0.97 * best_of_grid
+
+
+def test_noise_decides_ties_for_the_cheaper_configuration():
+    # 4 and 8 workers differ by 2%, inside the noise: the cheaper one wins.
+    rates = {0: 100.0, 1: 400.0, 2: 700.0, 4: 1000.0, 8: 1020.0, 16: 900.0, 32: 800.0, 3: 850.0, 6: 1005.0, 12: 950.0}
+    result = run_search(Workload(lambda s: rates[s.num_workers or 0], noise=0.0), start(1))
+    assert result.best.settings.num_workers == 4
+    # Contenders within the noise were measured twice; each trial reports its spread.
+    assert len(result.best.runs) >= 2 and result.best.spread is not None
+
+
+def test_noise_is_measured_from_the_baseline_repeats():
+    result = run_search(Workload(storage_bound, noise=0.10, seed=3), start(2))
+    assert len(result.baseline.runs) >= 2
+    assert th.TUNE_NOISE_FLOOR <= result.noise <= th.TUNE_NOISE_CAP
+    assert result.noise == pytest.approx(max(th.TUNE_NOISE_FLOOR, max(
+        t.spread for t in result.trials if t.spread is not None)), rel=1e-6) or result.noise == th.TUNE_NOISE_CAP
+
+
+def test_failed_trials_are_recorded_and_the_search_goes_on():
+    result = run_search(Workload(lambda s: None if (s.num_workers or 0) == 8 else storage_bound(s)), start(2))
+    failed = [t for t in result.trials if t.status == FAILED]
+    assert failed and {t.settings.num_workers for t in failed} == {8}
+    assert failed[0].reason == "crashed"
+    assert result.best.ok
+
+
+def test_a_failing_baseline_stops_the_tune():
+    with pytest.raises(BaselineFailed):
+        run_search(Workload(lambda s: None), start(2))
+
+
+def test_budget_stops_the_search():
+    clock = itertools.count(0.0, 10.0)  # every look at the clock: 10 s later
+    result = Search(Workload(storage_bound), start(2), cpu_count=2, budget_s=60,
+                    clock=lambda: next(clock)).run()
+    assert result.stopped == "budget"
+    assert result.best.ok
+
+
+def test_interrupt_returns_the_best_so_far():
+    workload = Workload(storage_bound)
+
+    def measure(settings, why):
+        if (settings.num_workers or 0) >= 8:
+            return TrialRun(INTERRUPTED, None, 1.0, reason="interrupted (Ctrl-C)")
+        return workload(settings, why)
+
+    result = run_search(measure, start(2))
+    assert result.stopped == "interrupted"
+    assert result.best.settings.num_workers == 4
