@@ -132,7 +132,9 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
     if first.status != OK:
         if first.status == INTERRUPTED:
             raise KeyboardInterrupt
-        if first.diagnosis is not None and not any(s.training for s in first.diagnosis.loaders):
+        ended_well = first.diagnosis is not None and first.diagnosis.run.get("end_reason") in (
+            schema.END_COMPLETED, schema.END_STEPS_REACHED)
+        if ended_well and not first.diagnosis.loaders:
             raise NoDataLoader("the command never iterated a torch DataLoader, so there is nothing to tune "
                                f"(run record: {options.out / first.run_dir}).")
         raise BaselineFailed(f"your own configuration failed, so there is nothing to compare against: "

@@ -106,7 +106,10 @@ class Search:
 
     def _run_once(self, trial: Trial) -> None:
         self._check_budget()
-        run = self.measure(trial.settings, trial.why)
+        try:
+            run = self.measure(trial.settings, trial.why)
+        except KeyboardInterrupt:  # between two trials: keep what was measured
+            raise _Stop("interrupted") from None
         trial.runs.append(run)
         if self.on_trial is not None:
             self.on_trial(trial)

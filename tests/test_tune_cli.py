@@ -1,0 +1,139 @@
+"""``gpufeed tune`` and ``gpufeed run --config`` end to end, on real scripts with real DataLoader workers."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpufeed import cli
+from gpufeed.record.reader import load_run
+from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
+
+TARGET = WORKLOADS / "tune_target.py"
+
+
+def train_site() -> str:
+    """Where tune_target.py builds its training loader, as gpufeed names it from another directory."""
+    line = next(i for i, text in enumerate(TARGET.read_text().splitlines(), 1) if "train = DataLoader(" in text)
+    return f"{TARGET}:{line}"
+
+
+def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expect_exit: int = cli.EXIT_OK):
+    out = tmp_path / "tune"
+    result = gpufeed(["tune", "--out", str(out), "--trial-seconds", "1", "--warmup", "5", *options, "--",
+                      sys.executable, str(TARGET), *script_args], cwd=tmp_path, timeout=400)
+    assert result.returncode == expect_exit, result.stdout + result.stderr
+    assert_nothing_left_running(TARGET.name)
+    return out, result
+
+
+def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path):
+    out, result = tune(tmp_path, "--workers", "1", "--fail-above", "8", "--steps-per-epoch", "10",
+                       options=("--max-workers", "16", "--json", str(tmp_path / "t.json")))
+    report = json.loads((tmp_path / "t.json").read_text())
+    assert report["schema"] == "gpufeed.tune/1"
+    assert set(report) >= {"baseline", "best", "trials", "budget_s", "elapsed_s"}
+    assert report["baseline"]["config"]["num_workers"] == 1
+    best = report["best"]
+    # 3 ms per sample of storage latency: more workers than the 2 cores pay off.
+    assert best["config"]["num_workers"] >= 4, result.stdout
+    assert best["speedup"] > 1.5
+    assert report["site"] == train_site()
+    # Trials above 8 workers crash: recorded with the script's own reason; the search went on.
+    failed = [t for t in report["trials"] if t["status"] == "failed"]
+    assert failed and all(t["config"]["num_workers"] > 8 for t in failed)
+    assert "refusing" in failed[0]["reason"]
+    # Every trial's own record shows its settings on the training loader, and the validation loader untouched.
+    for trial in report["trials"]:
+        for run in trial["runs"]:
+            if run["status"] != "ok":
+                continue
+            record = load_run(out / run["run_dir"])
+            configs = {it.config.site: it.config for it in record.iterators}
+            assert configs[train_site()].num_workers == trial["config"]["num_workers"]
+            assert [c.num_workers for s, c in configs.items() if s != train_site()] == [0]
+    # The terminal shows the table, the winner, the speed-up and what to paste.
+    assert "Best:" in result.stdout and "Paste: DataLoader(..., num_workers=" in result.stdout
+    config = json.loads((out / "best-config.json").read_text())
+    assert config["settings"]["num_workers"] == best["config"]["num_workers"]
+
+
+def test_run_config_applies_settings_to_the_training_loader_only(tmp_path):
+    config = tmp_path / "best.json"
+    config.write_text(json.dumps({"site": train_site(), "settings": {"num_workers": 3, "prefetch_factor": 4}}))
+    seen = tmp_path / "seen.json"
+    result = gpufeed(["run", "--config", str(config), "--", sys.executable, str(TARGET), "--epochs", "1",
+                      "--report", str(seen)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    loaders = json.loads(seen.read_text())
+    assert loaders["train"] == {"num_workers": 3, "prefetch_factor": 4, "persistent_workers": True}
+    assert loaders["val"] == {"num_workers": 0}
+    assert not list(tmp_path.glob("gpufeed-runs"))  # run measures nothing and writes nothing
+
+
+def test_run_config_exit_code_is_the_commands(tmp_path):
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"settings": {"num_workers": 0}}))
+    result = gpufeed(["run", "--config", str(config), "--", sys.executable, "-c", "import sys; sys.exit(3)"],
+                     cwd=tmp_path)
+    assert result.returncode == 3
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"settings": {"num_wokers": 4}}, "unknown DataLoader setting 'num_wokers'"),
+    ({"settings": {"num_workers": "4"}}, "must be a whole number"),
+    ({"settings": {"pin_memory": 1}}, "must be true or false"),
+    ({"site": "train.py:3", "setings": {}}, "unknown key 'setings'"),
+    ("not json", "not valid JSON"),
+])
+def test_run_config_refuses_a_bad_file_before_running_anything(tmp_path, content, message):
+    config = tmp_path / "c.json"
+    config.write_text(content if isinstance(content, str) else json.dumps(content))
+    marker = tmp_path / "ran"
+    result = gpufeed(["run", "--config", str(config), "--", sys.executable, "-c",
+                      f"open({str(marker)!r}, 'w')"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_USAGE
+    assert message in result.stderr
+    assert not marker.exists()
+
+
+def test_tune_without_a_dataloader_says_so(tmp_path):
+    result = gpufeed(["tune", "--out", str(tmp_path / "t"), "--trial-seconds", "1", "--",
+                      sys.executable, str(WORKLOADS / "no_dataloader.py"), "--epochs", "1"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_NOTHING_TO_TUNE, result.stderr
+    assert "never iterated a torch DataLoader" in result.stderr
+
+
+def test_tune_stops_when_your_own_configuration_fails(tmp_path):
+    result = gpufeed(["tune", "--out", str(tmp_path / "t"), "--",
+                      sys.executable, str(WORKLOADS / "syntax_error.py")], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_COMMAND_FAILED
+    assert "your own configuration failed" in result.stderr
+    assert "SyntaxError" in result.stderr
+    assert (tmp_path / "t" / "trials").is_dir()  # its record is kept
+
+
+def test_ctrl_c_ends_the_trial_and_prints_the_best_so_far(tmp_path):
+    out = tmp_path / "tune"
+    proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "tune", "--out", str(out), "--trial-seconds", "2",
+                             "--warmup", "5", "--", sys.executable, str(TARGET), "--workers", "1"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COLUMNS="200"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 4:
+        time.sleep(0.2)  # the baseline twice, then the search's own trials
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == cli.EXIT_INTERRUPTED, stdout + stderr
+    assert "interrupted (Ctrl-C): best of the trials measured so far" in stdout
+    assert "Best:" in stdout
+    report = json.loads((out / "tune.json").read_text())
+    assert report["stopped"] == "interrupted"
+    assert_nothing_left_running(TARGET.name)
