@@ -5,11 +5,14 @@ the Python API is loaded on first use.
 """
 from gpufeed._version import __version__
 
-__all__ = ["__version__", "profile", "analyze"]
+__all__ = ["__version__", "profile", "analyze", "tune_loader", "tuned_loader"]
 
 
 def __getattr__(name: str):
     if name in ("profile", "analyze"):
         from gpufeed import api
         return getattr(api, name)
+    if name in ("tune_loader", "tuned_loader"):
+        from gpufeed.tune import inprocess
+        return getattr(inprocess, name)
     raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")

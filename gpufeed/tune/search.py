@@ -180,13 +180,13 @@ class Search:
         self._walk_down(start, down[:1] if local else down)
 
     def _walk(self, start: Trial, steps: list[int], why: str) -> bool:
+        """Up the ladder until two steps in a row bring nothing: one step can dip (0 -> 1 worker adds
+        inter-process overhead without any parallelism) before the next one pays off."""
         moved, misses = False, 0
         for w in steps:
             trial = self._measured(self._with_workers(start, w), why)
             if self._beats(trial, self.best):
                 self.best, moved, misses = trial, True, 0
-            elif self._clearly_worse(trial, self.best):
-                break
             else:
                 misses += 1
                 if misses >= 2:
