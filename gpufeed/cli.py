@@ -97,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"steps left out of each trial's measurement (default {th.DEFAULT_WARMUP_STEPS})")
     p.add_argument("--max-workers", type=_positive_int, metavar="N",
                    help=f"largest num_workers to try (default {th.TUNE_MAX_WORKERS_PER_CORE} per core)")
+    p.add_argument("--stall-timeout", type=_positive_float, default=th.TUNE_STALL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"a trial with no batch for this long is stopped as hung (default {th.TUNE_STALL_TIMEOUT_S:g})")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="tune directory: trials, tune.json, best-config.json (default ./gpufeed-runs/<timestamp>-tune-<name>/)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the result (tune.json) to FILE")
@@ -185,7 +187,8 @@ def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int
         _error(f"{out} already holds a tune: choose another --out, or remove it first.")
         return EXIT_USAGE
     options = TuneOptions(command=command, out=out, budget_s=args.budget, seconds=args.trial_seconds,
-                          warmup_steps=args.warmup, max_workers=args.max_workers)
+                          warmup_steps=args.warmup, max_workers=args.max_workers,
+                          stall_timeout_s=args.stall_timeout)
     console.print(f"Tuning the training DataLoader of: {' '.join(command)}", highlight=False)
     try:
         with TrialProgress(console, args.trial_seconds, args.warmup) as progress:

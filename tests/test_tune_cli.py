@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpufeed import cli
+from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.tune.command import CommandTrials, TuneOptions
 from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
 
@@ -101,6 +103,18 @@ def test_run_config_refuses_a_bad_file_before_running_anything(tmp_path, content
     assert result.returncode == cli.EXIT_USAGE
     assert message in result.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("flag, reason", [("--hang-above", "delivered no batch for 2 s"),
+                                          ("--die-above", "SIGKILL")])
+def test_a_trial_that_hangs_or_is_killed_fails_with_its_reason(tmp_path, flag, reason):
+    options = TuneOptions(command=[sys.executable, str(TARGET), "--workers", "1", flag, "2"], out=tmp_path,
+                          seconds=0.5, warmup_steps=3, stall_timeout_s=2.0)
+    trials = CommandTrials(options)
+    trials.learn_from_baseline(trials(LoaderSettings(), "yours"))
+    run = trials(LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=True, pin_memory=False), "more")
+    assert run.status == "failed" and reason in run.reason, run.reason
+    assert_nothing_left_running(TARGET.name)
 
 
 def test_tune_without_a_dataloader_says_so(tmp_path):

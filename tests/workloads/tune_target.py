@@ -3,9 +3,11 @@
 The training loader waits on (simulated) storage: ``--sleep-ms`` per sample, so it scales with
 workers well past the core count. The validation loader is built at another line and must be left
 alone by gpufeed. ``--fail-above N`` makes the script crash when its training loader has more than
-N workers (a trial that fails); ``--report FILE`` writes both loaders' settings as JSON.
+N workers (a trial that fails), ``--hang-above N`` makes its workers hang, ``--die-above N`` kills
+it with SIGKILL as the out-of-memory killer would; ``--report FILE`` writes both loaders' settings.
 
-    python tune_target.py [--epochs 100] [--workers 1] [--sleep-ms 3] [--fail-above N] [--report FILE]
+    python tune_target.py [--epochs 100] [--workers 1] [--sleep-ms 3] [--fail-above N]
+                          [--hang-above N] [--die-above N] [--report FILE]
 """
 import json
 import os
@@ -22,6 +24,8 @@ def main(argv=None):
                            batch_size=8, workers=1)
     p.add_argument("--sleep-ms", type=float, default=3.0)
     p.add_argument("--fail-above", type=int, default=None)
+    p.add_argument("--hang-above", type=int, default=None)
+    p.add_argument("--die-above", type=int, default=None)
     p.add_argument("--report", default=None)
     args = p.parse_args(argv)
     common.seed_everything(args.seed)
@@ -38,6 +42,10 @@ def main(argv=None):
                        "val": {"num_workers": val.num_workers}}, f)
     if args.fail_above is not None and train.num_workers > args.fail_above:
         sys.exit(f"tune_target: refusing {train.num_workers} workers (more than {args.fail_above})")
+    if args.die_above is not None and train.num_workers > args.die_above:
+        os.kill(os.getpid(), 9)
+    if args.hang_above is not None and train.num_workers > args.hang_above:
+        train_ds.sleep_s = 3600.0  # every worker blocks on its first sample
     model = common.TinyModel()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for epoch in range(args.epochs):

@@ -1,0 +1,160 @@
+"""gpufeed tune against an exhaustive grid over the same space, on workloads with different bottlenecks.
+
+For each workload (the scripts in tests/workloads/, run for many epochs so that every trial is
+time-limited), side by side in one run:
+- **yours**: the script's own DataLoader configuration;
+- **grid**: every configuration of the space ``gpufeed tune`` searches (num_workers on the ladder
+  and its refinements up to ``--max-workers``, prefetch 2/4, persistent workers, a thread cap of 1),
+  one trial each, same trial length; its best;
+- **tune**: ``gpufeed tune``'s winner and its wall time;
+- **verified**: yours and tune's winner measured again afterwards (new runs, not the trials' own
+  numbers), alternating, ``--verify`` times each: the median speed-up.
+
+    python bench/tune_vs_grid.py [--workloads storage,cpu,...] [--trial-seconds 1.5] [--max-workers 16]
+
+Prints a Markdown table (and writes it to ``--out``). Targets (issue 3): tune/grid >= 0.97 on every
+workload; tune time <= 20% of the grid's; the verified speed-up holds.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpufeed import thresholds as th  # noqa: E402
+from gpufeed.measure.inside.overrides import LoaderSettings  # noqa: E402
+from gpufeed.tune.command import CommandTrials, TuneOptions, tune_command  # noqa: E402
+from gpufeed.tune.search import normalise  # noqa: E402
+
+W = ROOT / "tests" / "workloads"
+PY = sys.executable
+LONG = ["--epochs", "100000"]  # trials end on time, never because the script ran out of epochs
+WORKLOADS = {
+    "storage": ("storage-latency-bound (4 ms/sample, 2 workers)", [PY, str(W / "storage_bound.py"), *LONG]),
+    "cpu": ("CPU-bound preprocessing (2 ms/sample, num_workers=0)", [PY, str(W / "cpu_bound.py"), *LONG]),
+    "compute": ("compute-bound (wide MLP, in-memory data)",
+                [PY, str(W / "compute_bound.py"), *LONG, "--width", "1024"]),
+    "oversubscribed": ("thread-oversubscribed workers (4 torch threads each)",
+                       [PY, str(W / "oversubscribed.py"), *LONG]),
+    "short-epochs": ("short epochs, 0.3 s worker start-up", [PY, str(W / "short_epochs.py"), *LONG]),
+    "too-many": ("far too many workers (CPU-bound, 16 workers)",
+                 [PY, str(W / "cpu_bound.py"), *LONG, "--workers", "16"]),
+}
+
+
+def grid_space(max_workers: int) -> list[LoaderSettings]:
+    workers = sorted(w for w in th.TUNE_WORKER_LADDER + th.TUNE_WORKER_REFINE if w <= max_workers)
+    space: dict[LoaderSettings, None] = {}
+    for w, p, persistent, threads in itertools.product(workers, th.TUNE_PREFETCH_CHOICES, (False, True), (None, 1)):
+        space[normalise(LoaderSettings(num_workers=w, prefetch_factor=p, persistent_workers=persistent,
+                                       pin_memory=False, worker_threads=threads))] = None
+    return list(space)
+
+
+@dataclass
+class Row:
+    name: str
+    yours: float
+    grid_best: tuple[str, float]
+    tune_best: tuple[str, float]
+    grid_s: float
+    tune_s: float
+    grid_trials: int
+    tune_runs: int
+    verified_speedup: float | None
+    tune_speedup: float | None
+
+
+def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
+    title, command = WORKLOADS[key]
+    options = TuneOptions(command=command, out=out / "tune", seconds=args.trial_seconds,
+                          warmup_steps=args.warmup, max_workers=args.max_workers, stall_timeout_s=10.0)
+    t0 = time.monotonic()
+    result = tune_command(options)
+    tune_s = time.monotonic() - t0
+    print(f"  tune: {result.best.settings.label()} {result.best.samples_per_s:,.0f}/s in {tune_s:.0f} s "
+          f"({sum(len(t.runs) for t in result.trials)} runs)", flush=True)
+
+    # The grid: the user's configuration first (to find the loader), then every point of the space.
+    grid = CommandTrials(TuneOptions(command=command, out=out / "grid", seconds=args.trial_seconds,
+                                     warmup_steps=args.warmup, stall_timeout_s=10.0))
+    t0 = time.monotonic()
+    first = grid(LoaderSettings(), "yours")
+    grid.learn_from_baseline(first)
+    rates = {}
+    for settings in grid_space(args.max_workers):
+        run = grid(settings, "grid")
+        rates[settings] = run.samples_per_s or 0.0
+    grid_s = time.monotonic() - t0
+    grid_best = max(rates, key=rates.get)
+    print(f"  grid: {grid_best.label()} {rates[grid_best]:,.0f}/s in {grid_s:.0f} s ({len(rates)} trials)", flush=True)
+
+    # Verification: fresh runs of yours and of tune's winner, alternating.
+    verify = CommandTrials(TuneOptions(command=command, out=out / "verify", seconds=args.trial_seconds,
+                                       warmup_steps=args.warmup, stall_timeout_s=10.0))
+    verify.learn_from_baseline(verify(LoaderSettings(), "yours"))
+    ratios = []
+    for _ in range(args.verify):
+        mine = verify(result.baseline.settings, "yours again").samples_per_s
+        tuned = verify(result.best.settings, "winner again").samples_per_s
+        if mine and tuned:
+            ratios.append(tuned / mine)
+    return Row(name=title, yours=result.baseline.samples_per_s,
+               grid_best=(grid_best.label(), rates[grid_best]),
+               tune_best=(result.best.settings.label(), result.best.samples_per_s),
+               grid_s=grid_s, tune_s=tune_s, grid_trials=len(rates) + 1,
+               tune_runs=sum(len(t.runs) for t in result.trials),
+               verified_speedup=statistics.median(ratios) if ratios else None, tune_speedup=result.speedup)
+
+
+def table(rows: list[Row], args: argparse.Namespace) -> str:
+    lines = [
+        f"`python bench/tune_vs_grid.py --trial-seconds {args.trial_seconds:g} --max-workers {args.max_workers} "
+        f"--verify {args.verify}` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores",
+        "",
+        "| workload | yours (samples/s) | grid best | tune best | tune/grid | tune time / grid time "
+        "| runs: tune / grid | speed-up (trial) | speed-up (re-measured) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.yours:,.0f} | {r.grid_best[0]}: {r.grid_best[1]:,.0f} | {r.tune_best[0]}: "
+            f"{r.tune_best[1]:,.0f} | {r.tune_best[1] / r.grid_best[1]:.2f} | {r.tune_s / r.grid_s:.0%} "
+            f"({r.tune_s:.0f} s / {r.grid_s:.0f} s) | {r.tune_runs} / {r.grid_trials} | "
+            f"{r.tune_speedup:.2f}× | {r.verified_speedup:.2f}× |" if r.verified_speedup else
+            f"| {r.name} | {r.yours:,.0f} | {r.grid_best[0]}: {r.grid_best[1]:,.0f} | {r.tune_best[0]}: "
+            f"{r.tune_best[1]:,.0f} | {r.tune_best[1] / r.grid_best[1]:.2f} | {r.tune_s / r.grid_s:.0%} | "
+            f"{r.tune_runs} / {r.grid_trials} | {r.tune_speedup:.2f}× | N/A |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--trial-seconds", type=float, default=1.5)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--max-workers", type=int, default=16)
+    parser.add_argument("--verify", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune_vs_grid.md")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpufeed-bench-") as tmp:
+        for key in args.workloads.split(","):
+            print(f"{key}: {WORKLOADS[key][0]}", flush=True)
+            rows.append(run_workload(key, Path(tmp) / key, args))
+            text = table(rows, args)
+            args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
