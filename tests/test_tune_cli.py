@@ -105,7 +105,7 @@ def test_run_config_refuses_a_bad_file_before_running_anything(tmp_path, content
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("flag, reason", [("--hang-above", "delivered no batch for 2 s"),
+@pytest.mark.parametrize("flag, reason", [("--hang-above", "delivered no batch for"),
                                           ("--die-above", "SIGKILL")])
 def test_a_trial_that_hangs_or_is_killed_fails_with_its_reason(tmp_path, flag, reason):
     options = TuneOptions(command=[sys.executable, str(TARGET), "--workers", "1", flag, "2"], out=tmp_path,

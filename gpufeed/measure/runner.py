@@ -55,7 +55,7 @@ class RunOptions:
     interval_s: float = 0.1
     extra_env: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None     # measure this long after warm-up, then end the command (tune trials)
-    echo_stderr: bool = True         # show the command's stderr as it comes (tune keeps it on disk only)
+    echo_output: bool = True         # show the command's output as it comes; else only on disk (tune trials)
 
 
 def bootstrap_env(env: dict[str, str]) -> dict[str, str]:
@@ -144,9 +144,11 @@ class _Run:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
 
     def execute(self) -> schema.RunMeta:
+        # Trials keep the command's standard output on disk: it would garble the progress display.
+        stdout = None if self.options.echo_output else open(self.run_dir / schema.STDOUT_FILE, "wb")
         try:
             child = subprocess.Popen(
-                self.options.command, env=self._child_env(), stderr=subprocess.PIPE,
+                self.options.command, env=self._child_env(), stdout=stdout, stderr=subprocess.PIPE,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
         except (OSError, ValueError) as error:
@@ -154,6 +156,9 @@ class _Run:
             self._finish(schema.END_NOT_STARTED, None,
                          f"Could not start {self.options.command[0]!r}: {reason}.")
             raise CommandNotStarted(self.meta.message) from error
+        finally:
+            if stdout is not None:
+                stdout.close()  # the child has its own copy
         sampler = Sampler(self.run_dir, child.pid, interval_s=self.options.interval_s)
         sampler.start()
         tee = threading.Thread(target=self._tee_stderr, args=(child.stderr,), daemon=True)
@@ -207,7 +212,7 @@ class _Run:
         with open(self.run_dir / schema.STDERR_FILE, "ab") as log:
             for chunk in iter(lambda: stream.read1(65536), b""):
                 try:
-                    if self.options.echo_stderr:
+                    if self.options.echo_output:
                         sys.stderr.buffer.write(chunk)
                         sys.stderr.buffer.flush()
                 except (OSError, ValueError):

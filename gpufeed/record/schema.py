@@ -49,6 +49,7 @@ META_FILE = "meta.json"
 EVENTS_DIR = "events"
 SAMPLES_FILE = "samples.jsonl"
 STDERR_FILE = "stderr.log"
+STDOUT_FILE = "stdout.log"        # only when gpufeed kept the output off the terminal (tune trials)
 STACKS_DIR = "stacks"
 STALL_MARKER = "stall.json"          # written by the probe when a loader stalls: the runner acts on it
 STEPS_REACHED_MARKER = "steps-reached"  # written by the probe when it ended the run after --steps

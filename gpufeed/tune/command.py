@@ -71,7 +71,7 @@ class CommandTrials:
         steps = self.distributed_steps
         run_options = RunOptions(
             command=o.command, out=run_dir, warmup_steps=o.warmup_steps, stall_timeout_s=o.stall_timeout_s,
-            interval_s=o.interval_s, extra_env=env, echo_stderr=False,
+            interval_s=o.interval_s, extra_env=env, echo_output=False,
             steps=steps, seconds=None if steps else o.seconds)
         if self.on_start is not None:
             self.on_start(settings, why, run_dir)
