@@ -43,7 +43,9 @@ class TrialProgress:
         self.progress.stop()
 
     def started(self, settings: LoaderSettings, why: str, run_dir: Path) -> None:
-        task = self.progress.add_task(f"{settings.label():<22} [dim]{why[:38]}[/]", total=self.seconds,
+        # The very first run is the script as it is: its settings are known only once it has run.
+        label = settings.label() if settings != LoaderSettings() else "yours, as is"
+        task = self.progress.add_task(f"{label:<22} [dim]{why[:38]}[/]", total=self.seconds,
                                       rate="", best=self._best_text())
         self._current = (task, run_dir)
 
@@ -70,7 +72,8 @@ class TrialProgress:
             task, run_dir = current
             rate = live_throughput(run_dir, self.warmup_steps)
             elapsed = self.progress.tasks[task].elapsed or 0.0
-            self.progress.update(task, completed=min(elapsed, self.seconds),
+            # Never full before the trial ends: a finished task stops its clock.
+            self.progress.update(task, completed=min(elapsed, 0.99 * self.seconds),
                                  rate=f"{rate:,.0f} samples/s so far" if rate else "warming up")
 
 
