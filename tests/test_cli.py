@@ -29,14 +29,18 @@ def diagnose(tmp_path: Path, script: str, *script_args: str, options: tuple[str,
     result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--json", str(out), *options, "--",
                       sys.executable, str(WORKLOADS / script), *script_args], cwd=tmp_path)
     assert result.returncode == expect_exit, result.stdout + result.stderr
-    assert_nothing_left_running(script)
+    assert_nothing_left_running(str(WORKLOADS / script))
     diag = json.loads(out.read_text())
     diag["_stdout"] = result.stdout
     return diag
 
 
 def assert_nothing_left_running(script: str, grace_s: float = 5.0) -> None:
-    """No process of the workload (main or DataLoader worker) survives gpufeed."""
+    """No process of the workload (main or DataLoader worker) survives gpufeed.
+
+    ``script`` is matched inside each command line: give its full path, so that the same workload
+    run from another checkout at the same time does not count.
+    """
     deadline = time.monotonic() + grace_s
     while True:
         left = []
@@ -194,7 +198,7 @@ def test_gpufeed_killed_takes_the_command_with_it(tmp_path):
     proc.kill()
     proc.wait()
     # PyTorch workers notice their parent's death within a few seconds (their watchdog).
-    assert_nothing_left_running("long_run.py", grace_s=15)
+    assert_nothing_left_running(str(WORKLOADS / "long_run.py"), grace_s=15)
     assert any((run_dir / "events").glob("*.jsonl")), "what was measured is on disk"
 
 
@@ -205,7 +209,7 @@ def test_ctrl_c_stops_everything_and_keeps_the_record(tmp_path):
     stdout, _ = proc.communicate(timeout=60)
     assert proc.returncode == cli.EXIT_INTERRUPTED
     assert "Interrupted (Ctrl-C)" in stdout
-    assert_nothing_left_running("long_run.py")
+    assert_nothing_left_running(str(WORKLOADS / "long_run.py"))
     meta = json.loads((run_dir / schema.META_FILE).read_text())
     assert meta["end_reason"] == "interrupted"
     again = gpufeed(["analyze", str(run_dir)], cwd=tmp_path)
@@ -282,7 +286,7 @@ def test_spawned_workers_are_measured_too(tmp_path):
     assert loader["config"]["multiprocessing_context"] == "spawn"
     assert loader["steps"] == 16
     assert diag["metrics"]["fetch_ms_per_batch_p50"] is not None, "the spawned workers timed their batches"
-    assert_nothing_left_running("spawn_train.py")
+    assert_nothing_left_running(str(tmp_path / "spawn_train.py"))
 
 
 @pytest.mark.parametrize("launch", ["module", "shell"])

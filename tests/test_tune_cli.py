@@ -31,7 +31,7 @@ def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expec
     result = gpufeed(["tune", "--out", str(out), "--trial-seconds", "1", "--warmup", "5", *options, "--",
                       sys.executable, str(TARGET), *script_args], cwd=tmp_path, timeout=400)
     assert result.returncode == expect_exit, result.stdout + result.stderr
-    assert_nothing_left_running(TARGET.name)
+    assert_nothing_left_running(str(TARGET))
     return out, result
 
 
@@ -114,7 +114,7 @@ def test_a_trial_that_hangs_or_is_killed_fails_with_its_reason(tmp_path, flag, r
     trials.learn_from_baseline(trials(LoaderSettings(), "yours"))
     run = trials(LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=True, pin_memory=False), "more")
     assert run.status == "failed" and reason in run.reason, run.reason
-    assert_nothing_left_running(TARGET.name)
+    assert_nothing_left_running(str(TARGET))
 
 
 def test_tune_without_a_dataloader_says_so(tmp_path):
@@ -150,4 +150,4 @@ def test_ctrl_c_ends_the_trial_and_prints_the_best_so_far(tmp_path):
     assert "Best:" in stdout
     report = json.loads((out / "tune.json").read_text())
     assert report["stopped"] == "interrupted"
-    assert_nothing_left_running(TARGET.name)
+    assert_nothing_left_running(str(TARGET))

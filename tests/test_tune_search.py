@@ -187,3 +187,20 @@ def test_interrupt_returns_the_best_so_far():
     result = run_search(measure, start(2))
     assert result.stopped == "interrupted"
     assert result.best.settings.num_workers == 4
+
+
+def test_short_epochs_climb_again_with_persistent_workers():
+    # Start-up each epoch makes every non-persistent worker count lose to num_workers=0; once started
+    # for good, workers pay off.
+    def rate(s):
+        w = s.num_workers or 0
+        if w == 0:
+            return 450.0
+        return min(400.0 * w, 2400.0) if s.persistent_workers else 250.0 + 20 * w
+
+    workload = Workload(rate, diagnosis=lambda s: fake_diagnosis(
+        startup=0.4 if (s.num_workers and not s.persistent_workers) else 0.0))
+    result = run_search(workload, start(0))
+    assert result.best.settings.persistent_workers is True
+    assert result.best.settings.num_workers >= 6
+    assert result.speedup > 4

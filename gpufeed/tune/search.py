@@ -86,6 +86,7 @@ class Search:
             self._update_noise()
             self.best = baseline
             self._climb_workers(baseline)
+            self._climb_with_persistent_workers()
             self._refine_workers()
             self._other_settings()
             self._settle_ties()
@@ -202,6 +203,25 @@ class Search:
             elif self._clearly_worse(trial, self.best):
                 break
 
+    def _climb_with_persistent_workers(self) -> None:
+        """Climb again with persistent workers when start-up cost the worker trials time.
+
+        With short epochs, every worker count pays its start-up each epoch, which can hide what the
+        workers would give once started (field-facts: workers restarted every epoch).
+        """
+        costly = [t for t in self.trials.values()
+                  if t.ok and t.settings.num_workers and not t.settings.persistent_workers
+                  and (_startup_share(t) or 0.0) >= th.WORKER_STARTUP_SHARE_FLAG]
+        if not costly:
+            return
+        seed = max(costly, key=lambda t: t.samples_per_s)
+        share = _startup_share(seed)
+        candidate = self._measured(dataclasses.replace(seed.settings, persistent_workers=True),
+                                   f"persistent workers: start-up took {share:.0%} of the run")
+        if self._beats(candidate, self.best):
+            self.best = candidate
+        self._climb_workers(candidate)
+
     def _refine_workers(self) -> None:
         """Try the ladder's in-between points next to the peak (e.g. 6 and 12 around 8)."""
         best = self.best
@@ -262,6 +282,11 @@ class Search:
         ok = [t for t in self.trials.values() if t.ok]
         tied = [t for t in ok if self._tied_with_best(t)]
         return min(tied, key=lambda t: (cheapness(t.settings), t.id))
+
+
+def _startup_share(trial: Trial) -> float | None:
+    diag = trial.diagnosis
+    return diag.metrics.worker_startup_share if diag is not None else None
 
 
 def _waits_for_data(trial: Trial) -> bool | None:
