@@ -1,4 +1,4 @@
-"""The ``gpufeed`` command line: ``diagnose``, ``analyze`` and ``demo``.
+"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``demo`` and ``report``.
 
 Exit codes (also in the README):
   0  diagnosed (the command finished, or was stopped after --steps)
@@ -7,7 +7,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to analyze cannot be read
+  6  the run directory given to analyze or report cannot be read
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
 from __future__ import annotations
@@ -65,6 +65,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="report a stuck loader after this long without a batch (default 60)")
     p.add_argument("--interval", type=_positive_float, default=0.1, metavar="SECONDS",
                    help="sampling interval for CPU, memory and GPU (default 0.1, i.e. 10 Hz)")
+    p.add_argument("--report", type=Path, nargs="?", const=True, metavar="FILE",
+                   help="also write the HTML report (default RUN_DIR/report.html)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a run, tune or batch-size directory")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the HTML file (default RUN_DIR/report.html)")
 
     p = sub.add_parser("demo", help="diagnose a bundled, input-bound training script (under a minute on CPU)")
     _add_run_options(p)
@@ -104,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.verb == "analyze":
             return _analyze(args, console)
+        if args.verb == "report":
+            return _report(args, console)
         if args.verb == "demo":
             return _diagnose([sys.executable, str(DEMO_SCRIPT)], args, console)
         command = list(args.command)
@@ -141,6 +149,11 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
         return EXIT_INTERNAL
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
+    if args.report:
+        from gpufeed.present.report import DEFAULT_NAME, write_report
+
+        out = write_report(result.run_dir, result.run_dir / DEFAULT_NAME if args.report is True else args.report)
+        console.print(f"Report written to {out}", style="dim")
     return EXIT_FOR_END.get(result.meta.end_reason or "", EXIT_COMMAND_FAILED)
 
 
@@ -157,6 +170,24 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
     return EXIT_OK
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.present.report import DEFAULT_NAME, build_report
+    from gpufeed.record.reader import RecordError
+
+    try:
+        report = build_report(args.run_dir)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
+    for problem in report.problems:
+        _error(problem)
+    if not report.readable and args.out is None:
+        return EXIT_BAD_RECORD  # nothing to show: leave a directory that may not be ours untouched
+    out = report.write(args.out or args.run_dir / DEFAULT_NAME)
+    console.print(f"Report written to {out}")
+    return EXIT_OK if report.readable else EXIT_BAD_RECORD
 
 
 def _write_json(diagnosis, path: Path | None, console: Console) -> None:
