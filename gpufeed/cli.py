@@ -1,4 +1,4 @@
-"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``demo`` and ``report``.
+"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``demo``, ``report`` and ``trace``.
 
 Exit codes (also in the README):
   0  diagnosed (the command finished, or was stopped after --steps)
@@ -7,7 +7,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to analyze or report cannot be read
+  6  the run directory given to analyze, report or trace cannot be read
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
 from __future__ import annotations
@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the HTML file (default RUN_DIR/report.html)")
 
+    p = sub.add_parser("trace", help="write a run as a Chrome trace for Perfetto or chrome://tracing")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the JSON file (default RUN_DIR/trace.json)")
+
     p = sub.add_parser("demo", help="diagnose a bundled, input-bound training script (under a minute on CPU)")
     _add_run_options(p)
     return parser
@@ -112,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _analyze(args, console)
         if args.verb == "report":
             return _report(args, console)
+        if args.verb == "trace":
+            return _trace(args, console)
         if args.verb == "demo":
             return _diagnose([sys.executable, str(DEMO_SCRIPT)], args, console)
         command = list(args.command)
@@ -188,6 +194,19 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     out = report.write(args.out or args.run_dir / DEFAULT_NAME)
     console.print(f"Report written to {out}")
     return EXIT_OK if report.readable else EXIT_BAD_RECORD
+
+
+def _trace(args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.present.trace import DEFAULT_NAME, write_trace
+    from gpufeed.record.reader import RecordError
+
+    try:
+        out = write_trace(args.run_dir, args.out or args.run_dir / DEFAULT_NAME)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
+    console.print(f"Trace written to {out}: open it in https://ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
 
 
 def _write_json(diagnosis, path: Path | None, console: Console) -> None:

@@ -206,8 +206,7 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     if k > 1:
         out["notes"].append(f"Host and GPU charts plot every {k}th of {len(s)} samples.")
     idx = slice(None, None, k)
-    with np.errstate(all="ignore"):
-        cpu_total = np.nanmean(s.cpu_pct, axis=1) if s.cpu_pct.size else np.full(len(s), np.nan)
+    cpu_total = s.cpu_total_pct
     out["samples"] = {
         "t": _values(s.t[idx] - t0, 3),
         "cpu_total": _values(cpu_total[idx], 1),

@@ -71,6 +71,13 @@ class Samples:
     def __len__(self) -> int:
         return len(self.t)
 
+    @property
+    def cpu_total_pct(self) -> np.ndarray:
+        """Busy % over all cores per sample; NaN where no core had a reading (the first sample)."""
+        counted = np.isfinite(self.cpu_pct).sum(axis=1)
+        busy = np.nansum(self.cpu_pct, axis=1)
+        return np.divide(busy, counted, out=np.full(len(self.t), np.nan), where=counted > 0)
+
 
 @dataclass
 class RunRecord:
