@@ -29,6 +29,7 @@ import numpy as np
 from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
+from gpufeed.present.steps import rolling_samples_per_s, training_steps
 from gpufeed.present.terminal import numbers_table
 from gpufeed.record import schema
 from gpufeed.record.reader import RecordError, RunRecord, SchemaTooNew, load_run
@@ -181,22 +182,9 @@ def _stride(n: int) -> int:
     return max(1, math.ceil(n / MAX_POINTS))
 
 
-def _training_steps(record: RunRecord, d: Diagnosis) -> np.ndarray:
-    """Rows [t_request, t_deliver, samples, next_request] of the training loader, in time order."""
-    training = next((s for s in d.loaders if s.training), None)
-    rows = []
-    for it in record.iterators:
-        if training is None or it.key != (training.pid, training.loader_id) or not len(it.steps):
-            continue
-        s = it.steps
-        rows.append(np.column_stack([s[:, 1], s[:, 2], s[:, 3], np.append(s[1:, 1], np.nan)]))
-    steps = np.concatenate(rows) if rows else np.empty((0, 4))
-    return steps[np.argsort(steps[:, 0], kind="stable")]
-
-
 def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     s = record.samples
-    steps = _training_steps(record, d)
+    steps = training_steps(record, d)
     starts = [v for v in (s.t[0] if len(s) else math.nan, steps[0, 0] if len(steps) else math.nan,
                           *(it.t_created for it in record.iterators)) if math.isfinite(v)]
     t0 = min(starts, default=0.0)
@@ -222,17 +210,8 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     k = _stride(len(steps))
     if k > 1:
         out["notes"].append(f"Step charts plot every {k}th of {len(steps)} steps.")
-    # Throughput over the last few steps: one step alone is too noisy to read, ten is still sharp
-    # enough to show a stall.
-    window = 10
-    deliver, samples = steps[:, 1], np.nan_to_num(steps[:, 2])
-    rate = np.full(len(steps), np.nan)
-    if len(steps) > 1:
-        cum = np.concatenate([[0.0], np.cumsum(samples)])
-        for i in range(1, len(steps)):
-            j = max(0, i - window)
-            dt = deliver[i] - deliver[j]
-            rate[i] = (cum[i + 1] - cum[j + 1]) / dt if dt > 0 else np.nan
+    # Throughput over the last ten steps: one step alone is too noisy to read, ten still show a stall.
+    rate = rolling_samples_per_s(steps, window=10)
     idx = slice(None, None, k)
     out["steps"] = {
         "t": _values(steps[idx, 0] - t0, 4),
@@ -246,7 +225,7 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
 def _histogram(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
     """Steps after warm-up, counted by step time; each bar split by the share of its steps' time
     spent waiting for data and computing."""
-    steps = _training_steps(record, d)[d.metrics.warmup_steps:]
+    steps = training_steps(record, d)[d.metrics.warmup_steps:]
     steps = steps[np.isfinite(steps[:, 3])]  # an iterator's last step has no end
     if len(steps) < 2:
         return None
