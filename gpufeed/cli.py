@@ -1,4 +1,4 @@
-"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``demo``, ``report`` and ``trace``.
+"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``demo``, ``report``, ``trace`` and ``watch``.
 
 Exit codes (also in the README):
   0  diagnosed (the command finished, or was stopped after --steps)
@@ -94,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", type=Path)
     p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the JSON file (default RUN_DIR/trace.json)")
 
+    p = sub.add_parser("watch", help="live dashboard: GPUs, cores, memory and a running gpufeed diagnose")
+    p.add_argument("run_dir", type=Path, nargs="?",
+                   help="a running run directory (default: the newest running one under ./gpufeed-runs)")
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
+                   help="refresh interval (default 1)")
+
     p = sub.add_parser("demo", help="diagnose a bundled, input-bound training script (under a minute on CPU)")
     _add_run_options(p)
     return parser
@@ -118,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _report(args, console)
         if args.verb == "trace":
             return _trace(args, console)
+        if args.verb == "watch":
+            return _watch(args)
         if args.verb == "demo":
             return _diagnose([sys.executable, str(DEMO_SCRIPT)], args, console)
         command = list(args.command)
@@ -206,6 +214,18 @@ def _trace(args: argparse.Namespace, console: Console) -> int:
         _error(str(error))
         return EXIT_BAD_RECORD
     console.print(f"Trace written to {out}: open it in https://ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from gpufeed.present.watch import watch
+    from gpufeed.record.reader import RecordError
+
+    try:
+        watch(args.run_dir, interval_s=args.interval)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
     return EXIT_OK
 
 
