@@ -1,6 +1,7 @@
 """``gpufeed watch`` in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -151,3 +152,31 @@ def test_read_run_and_discovery(tmp_path):
 
 def test_sparkline_leaves_a_gap_for_a_missing_reading():
     assert sparkline(deque([0.0, None, 100.0]), 100.0, 10) == "▁ █"
+
+
+def test_gpus_through_a_fake_nvml(tmp_path):
+    """Two GPUs, the sawtooth on GPU 0, a process holding memory; then a reading that fails: N/A."""
+    from rich.console import Console
+
+    from gpufeed.measure.outside.nvml import Nvml
+    from gpufeed.measure.outside.sampler import Sampler
+    from gpufeed.present.watch import Dashboard
+    from tests.test_sampler import fake_nvml
+
+    def screen(board: Dashboard) -> str:
+        console = Console(record=True, width=120, file=io.StringIO())
+        console.print(board.render(120, 40, 1.0))
+        return console.export_text()
+
+    sampler = Sampler(tmp_path, root_pid=os.getpid(), nvml=Nvml(module=fake_nvml()))
+    board = Dashboard(sampler, None, discover=False)
+    for t in range(5):
+        board.tick(float(t))
+    text = screen(board)
+    assert re.search(r"0 +87% +▇▇▇▇▇ +1\.0 GiB / 80\.0 GiB", text), text
+    assert re.search(r"1 +5% +▁▁▁▁▁", text), text
+    assert re.search(r"GPU processes.*\n.*\n +0 +100 +\S+ +2\.0 GiB", text), text
+    sampler.nvml = Nvml(module=fake_nvml(util_fails=True))
+    board.tick(5.0)
+    assert re.search(r"0 +N/A +▇▇▇▇▇  ", screen(board)), "a failed reading is N/A and a gap, not 0"
+    sampler.stop()

@@ -167,13 +167,16 @@ class Dashboard:
         if not self.line.get("gpus"):
             return Text(f"GPU  {NA}: {self.gpu_error}", style="yellow")
         table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold")
-        for col in ("GPU", "util", f"utilization, last {spark_w} readings", "memory"):
+        half = max(8, spark_w // 2)
+        for col in ("GPU", "util", f"last {half} readings", "memory", f"last {half} readings"):
             table.add_column(col)
         for g in self.line["gpus"]:
             i = g["index"]
-            mem = f"{human_bytes(g['mem_used_b'])} / {human_bytes(g['mem_total_b'])}"
+            mem_top = g["mem_total_b"] or max((v for v in self.gpu_mem[i] if v is not None), default=0)
             table.add_row(str(i), fmt(g["util_pct"], ".0f", "%"),
-                          Text(sparkline(self.gpu_util[i], 100.0, spark_w), style="green"), mem)
+                          Text(sparkline(self.gpu_util[i], 100.0, half), style="green"),
+                          f"{human_bytes(g['mem_used_b'])} / {human_bytes(g['mem_total_b'])}",
+                          Text(sparkline(self.gpu_mem[i], mem_top, half), style="magenta"))
         return table
 
     def _host(self, spark_w: int) -> RenderableType:
