@@ -90,16 +90,21 @@ def test_real_run_with_an_injected_argument(tmp_path, browser):
 
 
 def test_synthetic_sawtooth_with_a_gpu(tmp_path, browser):
-    run = write_run(tmp_path / "run", Scenario(wait_s=0.02, cuda=True, gpu_idle_s=0.015,
+    """A GPU that saws, in a run directory whose name is markup (paths are escaped too)."""
+    run = write_run(tmp_path / '<img src=x onerror="window.__pwned=3">', Scenario(wait_s=0.02, cuda=True, gpu_idle_s=0.015,
                                                gpu_util_pattern=[0.0, 95.0, 90.0, 5.0]))
     _, shown = rendered(browser, write_report(run, tmp_path / "r.html"))
     assert {"run-0-gpu-util", "run-0-gpu-mem", "run-0-cpu", "run-0-wait", "run-0-rate", "run-0-hist"} == set(shown["ids"])
     assert "fluctuating_utilization" in shown["findings"]
+    assert shown["pwned"] is None and run.name in shown["text"]
 
 
 def test_zoom_moves_every_timeline_chart(tmp_path, browser):
-    run = write_run(tmp_path / "run", Scenario(gpu_util_pattern=[0.0, 95.0]))
+    run = write_run(tmp_path / "run", Scenario(gpu_util_pattern=[0.0, 95.0], epochs=3, steps_per_epoch=40))
     session, _ = rendered(browser, write_report(run, tmp_path / "r.html"))
+    marks = browser.evaluate(session, "DATA.runs[0].timeline")
+    assert len(marks["startups"]) == 3, "each epoch's worker start-up is shaded"
+    assert marks["window"][0] > marks["startups"][0][1], "the warm-up is greyed out"
     # uPlot keeps no handle on its element: zoom through the page's own list of charts.
     ranges = browser.evaluate(session, """(async () => {
         charts[0][0].setScale('x', {min: 1, max: 2});

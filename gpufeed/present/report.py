@@ -219,6 +219,13 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
         "compute_ms": _values((steps[idx, 3] - steps[idx, 1]) * 1000, 2),
         "samples_per_s": _values(rate[idx], 1),
     }
+    # What the eye should line up with the curves: each DataLoader start-up (workers starting)
+    # and the measured window (after warm-up).
+    out["startups"] = [[round(it.t_created - t0, 4), round(float(it.steps[0, 2]) - t0, 4)]
+                       for it in record.iterators if len(it.steps)]
+    measured = steps[d.metrics.warmup_steps:]
+    out["window"] = ([round(float(measured[0, 0]) - t0, 4), round(float(np.nanmax(measured[:, 1])) - t0, 4)]
+                     if len(measured) else None)
     return out
 
 
