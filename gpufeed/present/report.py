@@ -22,10 +22,11 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
 import numpy as np
+from markupsafe import Markup
 from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
@@ -105,7 +106,7 @@ def build_report(path: Path) -> Report:
     if (path / TUNE_FILE).exists():
         doc = _read_doc(path / TUNE_FILE, TUNE_SCHEMA, problems)
         tune = _section(_tune_section, doc, path, TUNE_FILE, problems)
-        best = _best_trial_run(doc, path) if tune else None
+        best = _best_trial_run(doc) if tune else None
         if best is not None:
             runs.append(_run_view(path / best, f"Best trial: {best}", problems))
     elif (path / BATCH_SIZE_FILE).exists():
@@ -126,9 +127,9 @@ def build_report(path: Path) -> Report:
     return Report(source=str(path), html=html, problems=problems, readable=readable)
 
 
-def _static(name: str) -> jinja2.utils.markupsafe.Markup:
+def _static(name: str) -> Markup:
     # Vendored, trusted files: inlined verbatim (the page must work without a network).
-    return jinja2.utils.markupsafe.Markup((_HERE / "static" / "uplot" / name).read_text(encoding="utf-8"))
+    return Markup((_HERE / "static" / "uplot" / name).read_text(encoding="utf-8"))
 
 
 # -- one run ------------------------------------------------------------------------------------
@@ -156,15 +157,13 @@ def _stand_in_meta(run_dir: Path) -> schema.RunMeta:
     return schema.RunMeta(schema_version=schema.SCHEMA_VERSION, gpufeed_version="?", name=run_dir.name,
                           command=[], cwd="", hostname="", cpu_count=1, started_at_unix=math.nan,
                           clock_offset_s=math.nan, t_start=math.nan, end_reason="unknown",
-                          message=f"{schema.META_FILE} is missing: how the run ended is unknown.")
+                          message=f"{schema.META_FILE} is missing or unreadable: how the run ended is unknown.")
 
 
 def _run_view(run_dir: Path, title: str, problems: list[str]) -> RunView:
-    mine: list[str] = []
-    record = _read_run(run_dir, mine)
-    problems.extend(mine)
-    if record is None:
-        return RunView(title=title, run_dir=str(run_dir), diagnosis=None, measured="", charts={}, notes=mine)
+    record = _read_run(run_dir, problems)
+    if record is None:  # the problem is on the page already
+        return RunView(title=title, run_dir=str(run_dir), diagnosis=None, measured="", charts={})
     diagnosis = analyze_record(record)
     console = Console(record=True, width=110, file=io.StringIO(), color_system=None)
     console.print(numbers_table(diagnosis))
@@ -270,12 +269,13 @@ def _read_doc(path: Path, expected: str, problems: list[str]) -> dict[str, Any] 
     return doc
 
 
-def _section(build: Any, doc: dict[str, Any] | None, path: Path, name: str,
-             problems: list[str]) -> dict[str, Any] | None:
+def _section(build: Callable[[dict[str, Any]], dict[str, Any]], doc: dict[str, Any] | None, path: Path,
+             name: str, problems: list[str]) -> dict[str, Any] | None:
+    """The page's section of a tune or batch-size file, or a problem naming what it lacks."""
     if doc is None:
         return None
     try:
-        return build(doc, path)
+        return build(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         problems.append(f"{path / name} is missing fields or has wrong types ({type(error).__name__}: {error}).")
         return None
@@ -290,7 +290,7 @@ def _setting_label(config: dict[str, Any]) -> str:
     return " · ".join(p for p in parts if p) or "defaults"
 
 
-def _tune_section(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+def _tune_section(doc: dict[str, Any]) -> dict[str, Any]:
     trials = doc.get("trials") or []
     ok = [t for t in trials if t.get("status") == "ok" and t.get("samples_per_s") is not None]
     workers = sorted({int(t["config"]["num_workers"]) for t in ok})
@@ -317,7 +317,7 @@ def _tune_section(doc: dict[str, Any], path: Path) -> dict[str, Any]:
             "elapsed_s": doc.get("elapsed_s")}
 
 
-def _best_trial_run(doc: dict[str, Any] | None, path: Path) -> str | None:
+def _best_trial_run(doc: dict[str, Any] | None) -> str | None:
     """The run directory (relative) of the best trial: its config is ``best.config``."""
     ok = [t for t in (doc or {}).get("trials") or [] if t.get("status") == "ok" and t.get("runs")]
     best_config = ((doc or {}).get("best") or {}).get("config")
@@ -327,7 +327,7 @@ def _best_trial_run(doc: dict[str, Any] | None, path: Path) -> str | None:
     return trial["runs"][0].get("run_dir") if trial else None
 
 
-def _batch_section(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+def _batch_section(doc: dict[str, Any]) -> dict[str, Any]:
     trials = sorted(doc.get("trials") or [], key=lambda t: int(t["batch_size"]))
     sizes = [int(t["batch_size"]) for t in trials]
     fit = doc.get("fit")
