@@ -114,6 +114,17 @@ def test_zoom_moves_every_timeline_chart(tmp_path, browser):
     assert ranges == [[1, 2]] * 5
 
 
+def test_stalled_loader_shows_each_process_and_its_stack(tmp_path, browser):
+    run = write_run(tmp_path / "run", Scenario(stall_s=30.0, end_reason=schema.END_STALLED))
+    (run / schema.STACKS_DIR / "2000.txt").write_text('  File "/data/<script>x()</script>.py", line 1 in get\n')
+    session, shown = rendered(browser, write_report(run, tmp_path / "r.html"))
+    assert "loader_stalled" in shown["findings"]
+    rows = browser.evaluate(session, "[...document.querySelectorAll('#run-0-stall tr')].length")
+    assert rows == 1 + 3  # header, the training process, two workers
+    assert '/data/<script>x()</script>.py' in browser.evaluate(session, "document.body.textContent")
+    assert shown["pwned"] is None
+
+
 def write_tune_dir(path: Path) -> Path:
     trials, runs_made = [], 0
     for i, (workers, prefetch, rates) in enumerate([(1, 2, [100, 110]), (2, 2, [180, 190]), (4, 2, [300, 330]),

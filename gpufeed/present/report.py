@@ -72,6 +72,8 @@ class RunView:
     measured: str                       # the terminal's "measured" numbers, as plain text
     charts: dict[str, Any]              # the page's chart data (JSON)
     notes: list[str] = field(default_factory=list)
+    stall: list[dict[str, Any]] = field(default_factory=list)  # each process of a stalled loader
+    stacks: dict[int, str] = field(default_factory=dict)       # their Python stacks, per pid
 
 
 @dataclass
@@ -168,8 +170,11 @@ def _run_view(run_dir: Path, title: str, problems: list[str]) -> RunView:
     console = Console(record=True, width=110, file=io.StringIO(), color_system=None)
     console.print(numbers_table(diagnosis))
     charts = {"timeline": _timeline(record, diagnosis), "histogram": _histogram(record, diagnosis)}
+    stalled = diagnosis.finding("loader_stalled")
     return RunView(title=title, run_dir=str(run_dir), diagnosis=diagnosis,
-                   measured=console.export_text().rstrip(), charts=charts, notes=diagnosis.warnings)
+                   measured=console.export_text().rstrip(), charts=charts, notes=diagnosis.warnings,
+                   stall=list(stalled.evidence.get("processes") or []) if stalled else [],
+                   stacks=record.stacks() if stalled else {})
 
 
 def _values(a: np.ndarray, digits: int = 2) -> list[float | None]:
