@@ -166,8 +166,11 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     if args.report:
         from gpufeed.present.report import DEFAULT_NAME, write_report
 
-        out = write_report(result.run_dir, result.run_dir / DEFAULT_NAME if args.report is True else args.report)
-        console.print(f"Report written to {out}", style="dim")
+        try:
+            out = write_report(result.run_dir, result.run_dir / DEFAULT_NAME if args.report is True else args.report)
+            console.print(f"Report written to {out}", style="dim")
+        except OSError as error:  # the diagnosis above stands; only the file is missing
+            _error(f"cannot write the report {error.filename}: {error.strerror}.")
     return EXIT_FOR_END.get(result.meta.end_reason or "", EXIT_COMMAND_FAILED)
 
 
@@ -199,7 +202,11 @@ def _report(args: argparse.Namespace, console: Console) -> int:
         _error(problem)
     if not report.readable and args.out is None:
         return EXIT_BAD_RECORD  # nothing to show: leave a directory that may not be ours untouched
-    out = report.write(args.out or args.run_dir / DEFAULT_NAME)
+    try:
+        out = report.write(args.out or args.run_dir / DEFAULT_NAME)
+    except OSError as error:
+        _error(f"cannot write {error.filename}: {error.strerror}.")
+        return EXIT_USAGE
     console.print(f"Report written to {out}")
     return EXIT_OK if report.readable else EXIT_BAD_RECORD
 
@@ -213,6 +220,9 @@ def _trace(args: argparse.Namespace, console: Console) -> int:
     except RecordError as error:
         _error(str(error))
         return EXIT_BAD_RECORD
+    except OSError as error:
+        _error(f"cannot write {error.filename}: {error.strerror}.")
+        return EXIT_USAGE
     console.print(f"Trace written to {out}: open it in https://ui.perfetto.dev or chrome://tracing")
     return EXIT_OK
 

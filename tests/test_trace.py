@@ -109,3 +109,11 @@ def test_unreadable_dir(tmp_path):
     result = gpufeed(["trace", str(tmp_path / "nope"), "-o", str(tmp_path / "t.json")], cwd=tmp_path)
     assert result.returncode == cli.EXIT_BAD_RECORD and "nope is not a directory" in result.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_output_that_cannot_be_written(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(steps_per_epoch=20))
+    (tmp_path / "a-file").write_text("")
+    for verb, name in (("trace", "t.json"), ("report", "r.html")):
+        result = gpufeed([verb, str(run), "-o", str(tmp_path / "a-file" / name)], cwd=tmp_path)
+        assert result.returncode == cli.EXIT_USAGE and "cannot write" in result.stderr, result.stderr
