@@ -126,35 +126,46 @@ def test_stalled_loader_shows_each_process_and_its_stack(tmp_path, browser):
 
 
 def write_tune_dir(path: Path) -> Path:
-    trials, runs_made = [], 0
-    for i, (workers, prefetch, rates) in enumerate([(1, 2, [100, 110]), (2, 2, [180, 190]), (4, 2, [300, 330]),
-                                                     (2, 4, [200, 205]), (4, 4, [320, 350]), (8, 4, None)]):
-        name = f"trials/{i:02d}-w{workers}-p{prefetch}"
-        runs = []
+    """A tune directory as ``gpufeed tune`` writes it (docs/tune.md): trial 0 is the script's own
+    settings (null in config; its record says 1 worker), a failed trial, a trial with one run."""
+    plan = [(None, None, [100, 110]), (2, 2, [180, 190]), (4, 2, [300, 330]), (2, 4, [200, 205]),
+            (4, 4, [320, 350]), (8, 4, None), (8, 2, [340])]
+    trials = []
+    for i, (workers, prefetch, rates) in enumerate(plan):
+        label = "as is" if workers is None else f"w{workers} p{prefetch}"
+        name = f"trials/{i:02d}-{label.replace(' ', '-')}"
+        runs = [{"run_dir": name, "samples_per_s": None, "status": "failed", "reason": "worker <b>crashed</b>",
+                 "elapsed_s": 3.0}]
         if rates:
-            write_run(path / name, Scenario(num_workers=workers, prefetch_factor=prefetch, steps_per_epoch=40))
-            runs = [{"run_dir": name, "samples_per_s": r} for r in rates]
-            runs_made += 1
-        trials.append({"id": i, "config": {"num_workers": workers, "prefetch_factor": prefetch,
-                                           "persistent_workers": False, "pin_memory": None, "worker_threads": None},
+            write_run(path / name, Scenario(num_workers=workers or 1, prefetch_factor=prefetch or 2,
+                                            steps_per_epoch=40))
+            runs = [{"run_dir": name, "samples_per_s": r, "status": "ok", "reason": None, "elapsed_s": 3.0}
+                    for r in rates]
+        median = sorted(rates)[len(rates) // 2] if rates else None
+        trials.append({"id": i, "label": label, "why": "your configuration" if i == 0 else "more workers",
+                       "config": {"num_workers": workers, "prefetch_factor": prefetch, "persistent_workers": None,
+                                  "pin_memory": None, "worker_threads": None},
                        "status": "ok" if rates else "failed", "reason": None if rates else "worker <b>crashed</b>",
-                       "samples_per_s": sorted(rates)[len(rates) // 2] if rates else None,
-                       "spread": (max(rates) - min(rates)) / sorted(rates)[len(rates) // 2] if rates else None,
-                       "runs": runs, "elapsed_s": 3.0})
-    best = trials[4]
+                       "samples_per_s": median, "spread": (max(rates) - min(rates)) / median if rates and len(rates) > 1
+                       else None, "runs": runs, "elapsed_s": 6.0})
+    summary = {t["id"]: {"config": t["config"], "samples_per_s": t["samples_per_s"], "spread": t["spread"],
+                         "trial": t["id"]} for t in trials}
     (path / "tune.json").write_text(json.dumps({
-        "schema": "gpufeed.tune/1", "command": ["python", "train.py"],
-        "baseline": {"config": trials[0]["config"], "samples_per_s": 110.0},
-        "best": {"config": best["config"], "samples_per_s": 350.0, "speedup": 3.18},
-        "trials": trials, "budget_s": 60.0, "elapsed_s": 18.0}))
+        "schema": "gpufeed.tune/1", "command": ["python", "train.py"], "site": "train.py:42",
+        "baseline": summary[0], "best": dict(summary[4], speedup=3.18),
+        "dataloader_kwargs": {"num_workers": 4, "prefetch_factor": 4}, "trials": trials, "noise": 0.03,
+        "budget_s": 60.0, "elapsed_s": 18.0, "stopped": None}))
     return path
 
 
 def test_tune_dir(tmp_path, browser):
     tune = write_tune_dir(tmp_path / "tune")
-    _, shown = rendered(browser, write_report(tune, tmp_path / "r.html"))
+    session, shown = rendered(browser, write_report(tune, tmp_path / "r.html"))
     assert "chart-tune" in shown["ids"]
     assert "Best trial: trials/04-w4-p4" in shown["text"]
+    tune = browser.evaluate(session, "DATA.tune")
+    assert tune["workers"] == [1, 2, 4, 8], "the script's own num_workers is read from its record"
+    assert {line["label"] for line in tune["lines"]} == {"the script's own", "prefetch 2", "prefetch 4"}
     assert "run-0-wait" in shown["ids"], "the best trial's run is shown too"
     assert "worker <b>crashed</b>" in shown["text"]
 

@@ -30,6 +30,7 @@ from markupsafe import Markup
 from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
+from gpufeed.analysis.metrics import loader_summaries
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
 from gpufeed.present.terminal import numbers_table
 from gpufeed.record import schema
@@ -58,8 +59,7 @@ def _num(value: Any) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 or isinstance(value, int) else f"{value:.3g}"
 
 
-_env.filters.update(num=_num, pct=lambda v: fmt(v, ".0%"), bytes=human_bytes,
-                    settings=lambda config: _setting_label(config or {}))
+_env.filters.update(num=_num, pct=lambda v: fmt(v, ".0%"), bytes=human_bytes)
 
 
 @dataclass
@@ -274,31 +274,56 @@ def _read_doc(path: Path, expected: str, problems: list[str]) -> dict[str, Any] 
     return doc
 
 
-def _section(build: Callable[[dict[str, Any]], dict[str, Any]], doc: dict[str, Any] | None, path: Path,
+def _section(build: Callable[[dict[str, Any], Path], dict[str, Any]], doc: dict[str, Any] | None, path: Path,
              name: str, problems: list[str]) -> dict[str, Any] | None:
     """The page's section of a tune or batch-size file, or a problem naming what it lacks."""
     if doc is None:
         return None
     try:
-        return build(doc)
+        return build(doc, path)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         problems.append(f"{path / name} is missing fields or has wrong types ({type(error).__name__}: {error}).")
         return None
 
 
 def _setting_label(config: dict[str, Any]) -> str:
-    """The settings other than num_workers, for one line of the tune chart."""
+    """The settings other than num_workers, for one line of the tune chart (null: the script's own)."""
     parts = [f"prefetch {config.get('prefetch_factor')}" if config.get("prefetch_factor") is not None else None,
              "persistent" if config.get("persistent_workers") else None,
              "pin_memory" if config.get("pin_memory") else None,
              f"{config.get('worker_threads')} threads/worker" if config.get("worker_threads") is not None else None]
-    return " · ".join(p for p in parts if p) or "defaults"
+    return " · ".join(p for p in parts if p) or "the script's own"
 
 
-def _tune_section(doc: dict[str, Any]) -> dict[str, Any]:
+def _trial_run_dir(trial: dict[str, Any]) -> str | None:
+    """The run of a trial to show: the measured one closest to the trial's median (in-process
+    trials have no run directory)."""
+    runs = [r for r in trial.get("runs") or [] if r.get("run_dir") and r.get("samples_per_s") is not None]
+    median = trial.get("samples_per_s") or 0.0
+    return min(runs, key=lambda r: abs(r["samples_per_s"] - median))["run_dir"] if runs else None
+
+
+def _num_workers(trial: dict[str, Any], tune_dir: Path) -> int | None:
+    """The trial's num_workers; null in tune.json means the script's own, read from its record."""
+    value = (trial.get("config") or {}).get("num_workers")
+    if value is not None:
+        return int(value)
+    run_dir = _trial_run_dir(trial)
+    if run_dir is None:
+        return None
+    try:
+        record = load_run(tune_dir / run_dir)
+    except RecordError:
+        return None
+    training = next((s for s in loader_summaries(record) if s.training), None)
+    return None if training is None else training.config.get("num_workers")
+
+
+def _tune_section(doc: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
     trials = doc.get("trials") or []
-    ok = [t for t in trials if t.get("status") == "ok" and t.get("samples_per_s") is not None]
-    workers = sorted({int(t["config"]["num_workers"]) for t in ok})
+    workers_of = {t["id"]: _num_workers(t, tune_dir) for t in trials}
+    ok = [t for t in trials if t.get("status") == "ok" and t.get("samples_per_s") is not None
+          and workers_of[t["id"]] is not None]
     lines: dict[str, dict[int, tuple[float, float, float]]] = {}
     for t in ok:
         runs = [r["samples_per_s"] for r in t.get("runs") or [] if r.get("samples_per_s") is not None]
@@ -308,31 +333,35 @@ def _tune_section(doc: dict[str, Any]) -> dict[str, Any]:
         else:  # only the relative spread is known: centre it on the median
             half = (t.get("spread") or 0.0) * median / 2
             lo, hi = median - half, median + half
-        lines.setdefault(_setting_label(t["config"]), {})[int(t["config"]["num_workers"])] = (median, lo, hi)
+        lines.setdefault(_setting_label(t["config"]), {})[workers_of[t["id"]]] = (median, lo, hi)
+    workers = sorted({w for pts in lines.values() for w in pts})
     chart = {"workers": workers, "lines": [
         {"label": label, **{key: [pts[w][n] if w in pts else None for w in workers]
                             for n, key in enumerate(("median", "lo", "hi"))}}
         for label, pts in lines.items()]}
-    rows = [{"id": t.get("id"), "num_workers": t.get("config", {}).get("num_workers"),
-             "settings": _setting_label(t.get("config") or {}), "status": t.get("status"),
+    labels = {t["id"]: t.get("label") or _setting_label(t.get("config") or {}) for t in trials}
+    rows = [{"id": t["id"], "label": labels[t["id"]], "num_workers": workers_of[t["id"]],
+             "settings": _setting_label(t.get("config") or {}), "why": t.get("why"), "status": t.get("status"),
              "reason": t.get("reason"), "samples_per_s": t.get("samples_per_s"), "spread": t.get("spread"),
              "runs": len(t.get("runs") or []), "elapsed_s": t.get("elapsed_s")} for t in trials]
-    return {"command": " ".join(doc.get("command") or []), "baseline": doc.get("baseline"),
-            "best": doc.get("best"), "rows": rows, "chart": chart, "budget_s": doc.get("budget_s"),
-            "elapsed_s": doc.get("elapsed_s")}
+    baseline, best = doc.get("baseline") or {}, doc.get("best") or {}
+    return {"command": " ".join(doc.get("command") or []), "rows": rows, "chart": chart,
+            "baseline": baseline, "baseline_label": labels.get(baseline.get("trial"), _setting_label(baseline.get("config") or {})),
+            "best": best, "best_label": labels.get(best.get("trial"), _setting_label(best.get("config") or {})),
+            "budget_s": doc.get("budget_s"), "elapsed_s": doc.get("elapsed_s"), "stopped": doc.get("stopped")}
 
 
 def _best_trial_run(doc: dict[str, Any] | None) -> str | None:
-    """The run directory (relative) of the best trial: its config is ``best.config``."""
-    ok = [t for t in (doc or {}).get("trials") or [] if t.get("status") == "ok" and t.get("runs")]
-    best_config = ((doc or {}).get("best") or {}).get("config")
-    trial = next((t for t in ok if t.get("config") == best_config), None)
-    if trial is None and ok:
-        trial = max(ok, key=lambda t: t.get("samples_per_s") or 0.0)
-    return trial["runs"][0].get("run_dir") if trial else None
+    """The run directory (relative) of the best trial: ``best.trial``, else the one with ``best.config``."""
+    trials = [t for t in (doc or {}).get("trials") or [] if t.get("status") == "ok"]
+    best = (doc or {}).get("best") or {}
+    trial = next((t for t in trials if "trial" in best and t.get("id") == best["trial"]), None) \
+        or next((t for t in trials if t.get("config") == best.get("config")), None) \
+        or max(trials, key=lambda t: t.get("samples_per_s") or 0.0, default=None)
+    return _trial_run_dir(trial) if trial else None
 
 
-def _batch_section(doc: dict[str, Any]) -> dict[str, Any]:
+def _batch_section(doc: dict[str, Any], _dir: Path) -> dict[str, Any]:
     trials = sorted(doc.get("trials") or [], key=lambda t: int(t["batch_size"]))
     sizes = [int(t["batch_size"]) for t in trials]
     fit = doc.get("fit")
