@@ -144,6 +144,9 @@ def test_read_run_and_discovery(tmp_path):
     run = running_run(tmp_path / "gpufeed-runs" / "a", wait_s=0.02, fetch_cpu_s=0.002)
     assert find_running_run(tmp_path / "gpufeed-runs") == run
     assert find_running_run(tmp_path / "gpufeed-runs", now=lambda: time.time() + 3600) is None, "a stale run"
+    trial = running_run(tmp_path / "gpufeed-runs" / "b-tune" / "trials" / "03-w4-p2")
+    os.utime(trial, (time.time() + 5, time.time() + 5))
+    assert find_running_run(tmp_path / "gpufeed-runs") == trial, "the trial a tune is running"
     state = read_run(run)
     assert state.running and state.samples_per_s and state.data_wait_share > 0.5
     assert state.workers and all(status == "sleeping" for _, status, _ in state.workers)

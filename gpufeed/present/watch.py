@@ -77,11 +77,13 @@ class RunState:
 
 
 def find_running_run(root: Path = RUNS_DIR, now: Callable[[], float] = time.time) -> Path | None:
-    """The newest run under ``root`` that has not ended and whose sampler wrote recently."""
+    """The newest run under ``root`` that has not ended and whose sampler wrote recently: a
+    ``diagnose`` run, or the trial a ``tune`` is running (``root/<tune>/trials/<trial>``)."""
     if not root.is_dir():
         return None
-    candidates = sorted((p for p in root.iterdir() if (p / schema.META_FILE).exists()),
-                        key=lambda p: p.stat().st_mtime, reverse=True)
+    runs = [p.parent for pattern in ("*/" + schema.META_FILE, "*/trials/*/" + schema.META_FILE)
+            for p in root.glob(pattern)]
+    candidates = sorted(runs, key=lambda p: p.stat().st_mtime, reverse=True)
     for run_dir in candidates:
         samples = run_dir / schema.SAMPLES_FILE
         try:
