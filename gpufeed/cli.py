@@ -7,7 +7,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to analyze, report or trace cannot be read
+  6  the run directory given to analyze, report, trace or watch cannot be read
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
 from __future__ import annotations
