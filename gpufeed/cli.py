@@ -1,4 +1,5 @@
-"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``tune``, ``run`` and ``demo``.
+"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``tune``, ``run``, ``demo``, ``report``, ``trace``
+and ``watch``.
 
 Exit codes (also in the README):
   0  diagnosed (the command finished, or was stopped after --steps)
@@ -7,7 +8,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to analyze cannot be read
+  6  the run directory given to analyze, report, trace or watch cannot be read
   7  tune: nothing to tune (the command never iterated a DataLoader)
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
@@ -67,6 +68,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="report a stuck loader after this long without a batch (default 60)")
     p.add_argument("--interval", type=_positive_float, default=0.1, metavar="SECONDS",
                    help="sampling interval for CPU, memory and GPU (default 0.1, i.e. 10 Hz)")
+    _add_report_option(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,12 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="tune directory: trials, tune.json, best-config.json (default ./gpufeed-runs/<timestamp>-tune-<name>/)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the result (tune.json) to FILE")
+    _add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
                        usage="gpufeed run --config FILE -- CMD [ARGS...]")
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+
+    p = sub.add_parser("report", help="write a self-contained HTML report of a run, tune or batch-size directory")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the HTML file (default RUN_DIR/report.html)")
+
+    p = sub.add_parser("trace", help="write a run as a Chrome trace for Perfetto or chrome://tracing")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the JSON file (default RUN_DIR/trace.json)")
+
+    p = sub.add_parser("watch", help="live dashboard: GPUs, cores, memory and a running gpufeed diagnose")
+    p.add_argument("run_dir", type=Path, nargs="?",
+                   help="a running run directory (default: the newest running one under ./gpufeed-runs)")
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
+                   help="refresh interval (default 1)")
 
     p = sub.add_parser("demo", help="diagnose a bundled, input-bound training script (under a minute on CPU)")
     _add_run_options(p)
@@ -129,6 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.verb == "analyze":
             return _analyze(args, console)
+        if args.verb == "report":
+            return _report(args, console)
+        if args.verb == "trace":
+            return _trace(args, console)
+        if args.verb == "watch":
+            return _watch(args)
         if args.verb == "demo":
             return _diagnose([sys.executable, str(DEMO_SCRIPT)], args, console)
         command = list(args.command)
@@ -170,7 +193,26 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
         return EXIT_INTERNAL
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
+    _write_report(result.run_dir, args.report, console)
     return EXIT_FOR_END.get(result.meta.end_reason or "", EXIT_COMMAND_FAILED)
+
+
+def _add_report_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", type=Path, nargs="?", const=True, metavar="FILE",
+                   help="also write the HTML report (default DIR/report.html)")
+
+
+def _write_report(directory: Path, report: Path | bool | None, console: Console) -> None:
+    """``--report``: the HTML report of a run, tune or batch-size directory, after the terminal output."""
+    if not report:
+        return
+    from gpufeed.present.report import DEFAULT_NAME, write_report
+
+    try:
+        out = write_report(directory, directory / DEFAULT_NAME if report is True else report)
+        console.print(f"Report written to {out}", style="dim")
+    except OSError as error:  # what was printed above stands; only the file is missing
+        _error(f"cannot write the report {error.filename}: {error.strerror}.")
 
 
 def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
@@ -204,6 +246,7 @@ def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text((out / TUNE_FILE).read_text())
         console.print(f"Result written to {args.json}", style="dim")
+    _write_report(out, args.report, console)
     return EXIT_INTERRUPTED if result.stopped == "interrupted" else EXIT_OK
 
 
@@ -257,6 +300,56 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
         return EXIT_BAD_RECORD
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
+    return EXIT_OK
+
+
+def _report(args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.present.report import DEFAULT_NAME, build_report
+    from gpufeed.record.reader import RecordError
+
+    try:
+        report = build_report(args.run_dir)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
+    for problem in report.problems:
+        _error(problem)
+    if not report.readable and args.out is None:
+        return EXIT_BAD_RECORD  # nothing to show: leave a directory that may not be ours untouched
+    try:
+        out = report.write(args.out or args.run_dir / DEFAULT_NAME)
+    except OSError as error:
+        _error(f"cannot write {error.filename}: {error.strerror}.")
+        return EXIT_USAGE
+    console.print(f"Report written to {out}")
+    return EXIT_OK if report.readable else EXIT_BAD_RECORD
+
+
+def _trace(args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.present.trace import DEFAULT_NAME, write_trace
+    from gpufeed.record.reader import RecordError
+
+    try:
+        out = write_trace(args.run_dir, args.out or args.run_dir / DEFAULT_NAME)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
+    except OSError as error:
+        _error(f"cannot write {error.filename}: {error.strerror}.")
+        return EXIT_USAGE
+    console.print(f"Trace written to {out}: open it in https://ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from gpufeed.present.watch import watch
+    from gpufeed.record.reader import RecordError
+
+    try:
+        watch(args.run_dir, interval_s=args.interval)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
     return EXIT_OK
 
 

@@ -37,7 +37,7 @@ def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expec
 
 def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path):
     out, result = tune(tmp_path, "--workers", "1", "--fail-above", "8", "--steps-per-epoch", "10",
-                       options=("--max-workers", "16", "--json", str(tmp_path / "t.json")))
+                       options=("--max-workers", "16", "--json", str(tmp_path / "t.json"), "--report"))
     report = json.loads((tmp_path / "t.json").read_text())
     assert report["schema"] == "gpufeed.tune/1"
     assert set(report) >= {"baseline", "best", "trials", "budget_s", "elapsed_s"}
@@ -62,6 +62,7 @@ def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(t
             assert [c.num_workers for s, c in configs.items() if s != train_site()] == [0]
     # The terminal shows the table, the winner, the speed-up and what to paste.
     assert "Best:" in result.stdout and "Paste: DataLoader(..., num_workers=" in result.stdout
+    assert "num_workers" in (out / "report.html").read_text()  # --report: the trials plotted
     config = json.loads((out / "best-config.json").read_text())
     assert config["settings"]["num_workers"] == best["config"]["num_workers"]
 

@@ -1,1 +1,2 @@
-"""Front ends that present a diagnosis: the terminal summary (and, later, the report and monitor)."""
+"""Front ends that present a run: the terminal summary, the HTML report, the Chrome trace and the
+live ``watch`` screen. They read the run record and the analysis; none of them measures."""

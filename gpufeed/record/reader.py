@@ -20,6 +20,10 @@ class RecordError(Exception):
     """The run directory cannot be read at all; the message names what is missing."""
 
 
+class SchemaTooNew(RecordError):
+    """The run was written by a newer gpufeed: reading it could misread fields, so nothing is read."""
+
+
 @dataclass
 class IteratorRecord:
     """One DataLoader iterator (one epoch, or several with persistent workers)."""
@@ -66,6 +70,13 @@ class Samples:
 
     def __len__(self) -> int:
         return len(self.t)
+
+    @property
+    def cpu_total_pct(self) -> np.ndarray:
+        """Busy % over all cores per sample; NaN where no core had a reading (the first sample)."""
+        counted = np.isfinite(self.cpu_pct).sum(axis=1)
+        busy = np.nansum(self.cpu_pct, axis=1)
+        return np.divide(busy, counted, out=np.full(len(self.t), np.nan), where=counted > 0)
 
 
 @dataclass
@@ -141,7 +152,7 @@ def load_meta(run_dir: str | Path) -> schema.RunMeta:
     if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
         raise RecordError(f"{meta_path} has no schema_version: it was not written by gpufeed.")
     if raw["schema_version"] > schema.SCHEMA_VERSION:
-        raise RecordError(f"{run_dir} uses run-record schema {raw['schema_version']}, newer than this "
+        raise SchemaTooNew(f"{run_dir} uses run-record schema {raw['schema_version']}, newer than this "
                           f"gpufeed understands ({schema.SCHEMA_VERSION}): upgrade gpufeed to read it.")
     try:
         return schema.RunMeta.from_dict(raw)
@@ -149,9 +160,10 @@ def load_meta(run_dir: str | Path) -> schema.RunMeta:
         raise RecordError(f"{meta_path} is missing fields ({error}).") from None
 
 
-def load_run(run_dir: str | Path) -> RunRecord:
+def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunRecord:
+    """Read a run directory; ``meta`` stands in for a lost ``meta.json`` (the report reads what is left)."""
     run_dir = Path(run_dir)
-    meta = load_meta(run_dir)
+    meta = meta if meta is not None else load_meta(run_dir)
     warnings: list[str] = []
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")

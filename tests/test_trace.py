@@ -1,0 +1,119 @@
+"""``gpufeed trace``: the Chrome trace-event format, checked field by field.
+
+Perfetto's Python trace processor downloads its engine at run time, which this project's machines
+cannot, so the check is a schema check of the format's documented rules (phases, required fields,
+units) plus what a viewer relies on: complete slices nest on their thread, async begin/end pairs
+match, and counters hold numbers only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from gpufeed import cli
+from gpufeed.present.trace import GPU_PID_BASE, HOST_PID, trace, write_trace
+from gpufeed.record.reader import load_run
+from tests.synthetic import MAIN_PID, Scenario, write_run
+from tests.test_report import TRAIN, gpufeed
+
+PHASES = {"X", "B", "E", "i", "I", "C", "M", "b", "e", "n"}
+METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
+
+
+def _no_nan(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON: a trace viewer rejects it")
+
+
+def validate(path: Path) -> list[dict]:
+    """Check the trace against the trace-event format; return its events."""
+    doc = json.loads(path.read_text(), parse_constant=_no_nan)
+    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
+    assert doc.get("displayTimeUnit", "ms") in ("ms", "ns")
+    events = doc["traceEvents"]
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    open_async: dict[tuple, int] = defaultdict(int)
+    for e in events:
+        assert e["ph"] in PHASES, e
+        assert isinstance(e["name"], str) and e["name"], e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "M":
+            assert e["name"] in METADATA and isinstance(e["args"], dict), e
+            continue
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
+            slices[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+        elif e["ph"] == "C":
+            assert e["args"] and all(isinstance(v, (int, float)) and math.isfinite(v) for v in e["args"].values()), e
+        elif e["ph"] in ("b", "e"):
+            assert isinstance(e["cat"], str) and "id" in e, e
+            open_async[(e["pid"], e["cat"], e["id"], e["name"])] += 1 if e["ph"] == "b" else -1
+        elif e["ph"] == "i":
+            assert e.get("s", "t") in ("g", "p", "t"), e
+    assert all(v == 0 for v in open_async.values()), "every async begin has its end"
+    for track, spans in slices.items():
+        stack: list[float] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and start >= stack[-1] - 0.2:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 0.2, f"slices overlap without nesting on {track}"
+            stack.append(end)
+    return events
+
+
+def test_real_run(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    result = gpufeed(["diagnose", "--warmup", "0", "--out", "run", "--", sys.executable, "train.py"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    result = gpufeed(["trace", "run", "-o", "t.json"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stderr
+    events = validate(tmp_path / "t.json")
+    names = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    worker = names["DataLoader worker 0"]
+    main = next(pid for name, pid in names.items() if name.startswith("training"))
+    by_track = defaultdict(set)
+    for e in events:
+        if e["ph"] != "M":
+            by_track[e["pid"]].add(e["name"])
+    assert {"step", "data wait", "DataLoader start-up (loader 0)", "CPU % of one core"} <= by_track[main]
+    assert {"batch", "CPU % of one core"} <= by_track[worker]
+    assert {"CPU %", "CPU % per core", "memory GiB"} <= by_track[HOST_PID]
+    steps = [e for e in events if e["name"] == "step"]
+    assert len(steps) == 20  # 160 samples in batches of 8
+
+
+def test_gpu_counters_and_a_stall(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(gpu_util_pattern=[0.0, 95.0], stall_s=5.0))
+    events = validate(write_trace(run, tmp_path / "t.json"))
+    util = [e["args"]["util"] for e in events if e["pid"] == GPU_PID_BASE and e["name"] == "utilization %"]
+    assert set(util) == {0.0, 95.0}
+    assert any(e["ph"] == "i" and e["name"].startswith("stall") and e["pid"] == MAIN_PID for e in events)
+
+
+def test_missing_readings_are_left_out_not_zero(tmp_path):
+    run = write_run(tmp_path / "run", Scenario())
+    lines = (run / "samples.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first.update(cpu_pct=[], iowait_pct=None)  # the sampler's first line has no CPU rates yet
+    (run / "samples.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    events = trace(load_run(run))["traceEvents"]
+    first_ts = min(e["ts"] for e in events if e["ph"] == "C")
+    at_first = {e["name"] for e in events if e["ph"] == "C" and e["ts"] == first_ts and e["pid"] == HOST_PID}
+    assert at_first == {"memory GiB"}
+
+
+def test_unreadable_dir(tmp_path):
+    result = gpufeed(["trace", str(tmp_path / "nope"), "-o", str(tmp_path / "t.json")], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_BAD_RECORD and "nope is not a directory" in result.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_output_that_cannot_be_written(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(steps_per_epoch=20))
+    (tmp_path / "a-file").write_text("")
+    for verb, name in (("trace", "t.json"), ("report", "r.html")):
+        result = gpufeed([verb, str(run), "-o", str(tmp_path / "a-file" / name)], cwd=tmp_path)
+        assert result.returncode == cli.EXIT_USAGE and "cannot write" in result.stderr, result.stderr

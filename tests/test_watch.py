@@ -1,0 +1,185 @@
+"""``gpufeed watch`` in a real terminal: tmux runs it, send-keys types, capture-pane reads the screen."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from gpufeed import cli
+from gpufeed.present.watch import find_running_run, read_run, sparkline
+from gpufeed.record import schema
+from tests.synthetic import Scenario, write_run
+from tests.test_report import gpufeed
+
+
+class Tmux:
+    """One tmux server of our own (its own socket), so nothing else's sessions are touched."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.socket = f"gpufeed-test-{os.getpid()}-{tmp.name}"
+        self.tmp = tmp
+        self.exit_file = tmp / "watch.exit"
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10).stdout
+
+    def start(self, args: str, width: int = 120, height: int = 40) -> None:
+        command = (f"cd {self.tmp} && {sys.executable} -m gpufeed watch {args}; "
+                   f"echo $? > {self.exit_file}; sleep 30")
+        self.run("new-session", "-d", "-s", "w", "-x", str(width), "-y", str(height), command)
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", "w")
+
+    def wait_for(self, pattern: str, timeout_s: float = 15.0) -> re.Match:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = re.search(pattern, self.screen())
+            if found or time.monotonic() > deadline:
+                assert found, f"{pattern!r} not on the screen:\n{self.screen()}"
+                return found
+            time.sleep(0.1)
+
+    def exit_code(self, timeout_s: float = 5.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while not self.exit_file.exists() or not self.exit_file.read_text().strip():
+            assert time.monotonic() < deadline, f"watch did not quit:\n{self.screen()}"
+            time.sleep(0.1)
+        return int(self.exit_file.read_text())
+
+    def close(self) -> None:
+        self.run("kill-server")
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI"):
+            pytest.fail("tmux is missing on CI: scripts/test-deps.sh should have installed it")
+        pytest.skip("tmux is not installed (bash scripts/test-deps.sh installs it)")
+    t = Tmux(tmp_path)
+    yield t
+    t.close()
+
+
+def test_starts_refreshes_and_quits_on_q(tmux):
+    tmux.start("--interval 0.2")
+    first = int(tmux.wait_for(r"gpufeed watch .* #(\d+)").group(1))
+    later = int(tmux.wait_for(rf"#(?!{first}\b)(\d+)").group(1))
+    assert later > first, "the screen refreshes by itself"
+    screen = tmux.screen()
+    assert re.search(r"CPU\s+\d+% of \d+ cores", screen) and "RAM" in screen and "iowait" in screen
+    if "NVML" in screen or "no NVIDIA" in screen or "GPU  N/A" in screen:
+        assert "GPU  N/A:" in screen, "no GPU: N/A and why, never 0%"
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0
+    assert "gpufeed watch" not in tmux.screen(), "the alternate screen is left on exit"
+
+
+def test_ctrl_c_quits_cleanly(tmux):
+    tmux.start("--interval 0.2")
+    tmux.wait_for(r"gpufeed watch")
+    tmux.run("send-keys", "-t", "w", "C-c")
+    assert tmux.exit_code() == 0
+    assert "Traceback" not in tmux.screen()
+
+
+def test_tiny_terminal_gets_the_compact_layout(tmux):
+    tmux.start("--interval 0.2", width=36, height=8)
+    tmux.wait_for(r"q: quit")
+    screen = tmux.screen()
+    assert "CPU" in screen and "Traceback" not in screen
+    assert all(len(line) <= 36 for line in screen.splitlines())
+    tmux.run("resize-window", "-t", "w", "-x", "120", "-y", "40")
+    tmux.wait_for(r"gpufeed watch .* q to quit")
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0
+
+
+def running_run(path: Path, **knobs) -> Path:
+    """A synthetic run that looks like one still being written: no end, a fresh sampler file."""
+    run = write_run(path, Scenario(**knobs))
+    meta = json.loads((run / schema.META_FILE).read_text())
+    meta.update(t_end=None, end_reason=None, exit_code=None, message=None)
+    (run / schema.META_FILE).write_text(json.dumps(meta))
+    return run
+
+
+def test_finds_the_running_diagnose_by_itself(tmux):
+    running_run(tmux.tmp / "gpufeed-runs" / "20261129-120000-old")
+    ended = write_run(tmux.tmp / "gpufeed-runs" / "20261129-130000-ended", Scenario())
+    os.utime(ended, (time.time() + 5, time.time() + 5))  # newest, but it has ended
+    tmux.start("--interval 0.2")
+    tmux.wait_for(r"20261129-120000-old\s+running")
+    screen = tmux.wait_for(r"samples/s [\d,]+ +data wait \d+%").string
+    assert re.search(r"workers( \d+ sleeping \d+%)+", screen), screen
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0
+
+
+def test_run_dir_given(tmux):
+    run = running_run(tmux.tmp / "myrun", wait_s=0.02, fetch_cpu_s=0.002)
+    tmux.start(str(run) + " --interval 0.2")
+    screen = tmux.wait_for(r"samples/s [\d,]+ +data wait \d+%").string
+    assert re.search(r"HIGH +storage_latency", screen) and "running" in screen
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0
+
+
+def test_missing_run_dir(tmp_path):
+    result = gpufeed(["watch", str(tmp_path / "nope")], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_BAD_RECORD and "nope is not a directory" in result.stderr
+
+
+def test_read_run_and_discovery(tmp_path):
+    run = running_run(tmp_path / "gpufeed-runs" / "a", wait_s=0.02, fetch_cpu_s=0.002)
+    assert find_running_run(tmp_path / "gpufeed-runs") == run
+    assert find_running_run(tmp_path / "gpufeed-runs", now=lambda: time.time() + 3600) is None, "a stale run"
+    trial = running_run(tmp_path / "gpufeed-runs" / "b-tune" / "trials" / "03-w4-p2")
+    os.utime(trial, (time.time() + 5, time.time() + 5))
+    assert find_running_run(tmp_path / "gpufeed-runs") == trial, "the trial a tune is running"
+    state = read_run(run)
+    assert state.running and state.samples_per_s and state.data_wait_share > 0.5
+    assert state.workers and all(status == "sleeping" for _, status, _ in state.workers)
+    assert "storage_latency" in [f.id for f in state.findings]
+
+
+def test_sparkline_leaves_a_gap_for_a_missing_reading():
+    assert sparkline(deque([0.0, None, 100.0]), 100.0, 10) == "▁ █"
+
+
+def test_gpus_through_a_fake_nvml(tmp_path):
+    """Two GPUs, the sawtooth on GPU 0, a process holding memory; then a reading that fails: N/A."""
+    from rich.console import Console
+
+    from gpufeed.measure.outside.nvml import Nvml
+    from gpufeed.measure.outside.sampler import Sampler
+    from gpufeed.present.watch import Dashboard
+    from tests.test_sampler import fake_nvml
+
+    def screen(board: Dashboard) -> str:
+        console = Console(record=True, width=120, file=io.StringIO())
+        console.print(board.render(120, 40, 1.0))
+        return console.export_text()
+
+    sampler = Sampler(tmp_path, root_pid=os.getpid(), nvml=Nvml(module=fake_nvml()))
+    board = Dashboard(sampler, None, discover=False)
+    for t in range(5):
+        board.tick(float(t))
+    text = screen(board)
+    assert re.search(r"0 +87% +▇▇▇▇▇ +1\.0 GiB / 80\.0 GiB", text), text
+    assert re.search(r"1 +5% +▁▁▁▁▁", text), text
+    assert re.search(r"GPU processes.*\n.*\n +0 +100 +\S+ +2\.0 GiB", text), text
+    sampler.nvml = Nvml(module=fake_nvml(util_fails=True))
+    board.tick(5.0)
+    assert re.search(r"0 +N/A +▇▇▇▇▇  ", screen(board)), "a failed reading is N/A and a gap, not 0"
+    sampler.stop()
