@@ -80,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
-    p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone")
-    p.add_argument("run_dir", type=Path)
+    p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
+                                         "directories (one per node of a job) are merged into one diagnosis")
+    p.add_argument("run_dir", type=Path, nargs="+")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
 
     p = sub.add_parser("demo", help="diagnose a bundled, input-bound training script (under a minute on CPU)")
@@ -145,12 +146,13 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
 
 
 def _analyze(args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.analysis import analyze
+    from gpufeed.analysis import analyze_record
     from gpufeed.present.terminal import render
+    from gpufeed.record.merge import load_runs
     from gpufeed.record.reader import RecordError
 
     try:
-        diagnosis = analyze(args.run_dir)
+        diagnosis = analyze_record(load_runs(args.run_dir))
     except RecordError as error:
         _error(str(error))
         return EXIT_BAD_RECORD

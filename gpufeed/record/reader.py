@@ -80,6 +80,10 @@ class RunRecord:
     stalls: list[dict[str, Any]]
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
     warnings: list[str]
+    # A record merged from several nodes' runs (``record/merge.py``): the runs it was made of, each
+    # on the merged clock; pids of run i are shifted by i * merge.PID_STRIDE (``pid_offset``).
+    parts: list["RunRecord"] = field(default_factory=list)
+    pid_offset: int = 0
 
     @property
     def worker_pids(self) -> set[int]:
@@ -168,6 +172,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
             kind, pid = ev.get("kind"), ev.get("pid")
             key = (pid, ev.get("iter_id"))
             if kind == "process":
+                ev.setdefault("host", meta.hostname)
                 processes.append(ev)
             elif kind == "iterator":
                 iterators[key] = ev

@@ -555,7 +555,7 @@ def install_from_env() -> Probe | None:
                   stall_timeout_s=float(stall) if stall else None)
     import torch
     probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
-                rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
+                rank=_env_int(*RANK_ENV), local_rank=_env_int(*LOCAL_RANK_ENV), world_size=_env_int(*WORLD_SIZE_ENV),
                 torch_version=getattr(torch, "__version__", None))  # torch may still be importing
     patch_torch(probe)
     atexit.register(probe.close)
@@ -563,9 +563,20 @@ def install_from_env() -> Probe | None:
     return probe
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value and value.lstrip("-").isdigit() else None
+# Where launchers put a process's rank: torchrun (and Lightning, accelerate, DeepSpeed) first, then
+# SLURM's srun, Open MPI's mpirun and MPICH/Intel MPI's PMI, for jobs launched without torchrun.
+RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def _env_int(*names: str) -> int | None:
+    """The first of these environment variables that holds a whole number."""
+    for name in names:
+        value = os.environ.get(name)
+        if value and value.lstrip("-").isdigit():
+            return int(value)
+    return None
 
 
 def _flush_on_sigterm(probe: Probe) -> None:
