@@ -310,7 +310,13 @@ def _imbalance(m: Metrics, measure: str) -> Finding | None:
     ranks = [r for r in m.ranks if getattr(r, f"{measure}_js_distance") is not None]
     if len(ranks) < 2:
         return None
-    worst = max(ranks, key=lambda r: getattr(r, f"{measure}_js_distance"))
+    # The rank furthest from the others; between equals (two ranks are always equally far apart),
+    # the slower one, or the one with the less busy GPU.
+    def apart(r: RankSummary) -> tuple[float, float]:
+        slow = -(r.gpu_util_p50_pct or 0.0) if measure == "gpu_util" else (r.step_time_mean_ms or 0.0)
+        return round(getattr(r, f"{measure}_js_distance"), 6), slow
+
+    worst = max(ranks, key=apart)
     distance = getattr(worst, f"{measure}_js_distance")
     if distance <= th.IMBALANCE_JS_DISTANCE:
         return None
