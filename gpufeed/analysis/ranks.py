@@ -87,7 +87,7 @@ def job_metrics(record: RunRecord, loaders: list[LoaderSummary]) -> tuple[Metric
     loader held the job back most (the largest data-wait share), with ``samples_per_s`` replaced by
     the job's throughput and ``ranks`` filled in.
     """
-    trainers = _training_loaders(loaders)
+    trainers = training_loaders(loaders)
     if len(trainers) < 2:
         training = next((s for s in loaders if s.training), None)
         return compute(record, loaders, training), training
@@ -105,7 +105,7 @@ def job_metrics(record: RunRecord, loaders: list[LoaderSummary]) -> tuple[Metric
     return m, focus.loader
 
 
-def _training_loaders(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
+def training_loaders(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
     """Each process's most-iterated loader, for the processes that took steps."""
     best: dict[int, LoaderSummary] = {}
     for s in loaders:
