@@ -4,8 +4,10 @@ dataset; a rank that dies; a launcher gpufeed does not know; one job's record sp
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -166,3 +168,26 @@ def test_analyze_refuses_a_directory_that_is_not_a_run(tmp_path, straggler_run):
     result = gpufeed(["analyze", str(run), str(tmp_path)], cwd=tmp_path)
     assert result.returncode == cli.EXIT_BAD_RECORD
     assert "not a gpufeed run directory" in result.stderr
+
+
+def test_each_node_runs_diagnose_and_analyze_merges_them(tmp_path):
+    """The multi-node recipe on one machine: one gpufeed diagnose per "node", each running its
+    rank under the environment a cluster launcher sets; gpufeed analyze DIR1 DIR2 merges them."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), WORLD_SIZE="2", LOCAL_RANK="0")
+    nodes = [tmp_path / f"node{rank}" for rank in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(node), "--",
+                               sys.executable, str(DDP), *SLOW], cwd=tmp_path, env=dict(env, RANK=str(rank)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank, node in enumerate(nodes)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == cli.EXIT_OK, out
+    merged_json = tmp_path / "merged.json"
+    result = gpufeed(["analyze", *map(str, nodes), "--json", str(merged_json)], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    merged = json.loads(merged_json.read_text())
+    assert set(ranks(merged)) == {0, 1}
+    assert "straggler_rank" in {f["id"] for f in merged["findings"]}
+    note = next(w for w in merged["warnings"] if "node1" in w and "clock" in w)
+    assert "checked on" in note  # the ranks' synchronized steps confirm the wall clocks
+    assert "2 ranks" in result.stdout
