@@ -17,8 +17,8 @@ named ``*_pct``. A reading that could not be taken is ``null``, never 0.
 
 Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind``:
 
-``process``   pid, ppid, argv, rank, local_rank, world_size (null outside torchrun),
-              torch_version, t
+``process``   pid, ppid, argv, rank, local_rank, world_size (from torchrun's RANK etc., else
+              SLURM's, Open MPI's or PMI's variables; null when none is set), torch_version, t
 ``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
