@@ -96,6 +96,23 @@ def test_a_launcher_gpufeed_does_not_know(tmp_path):
     assert "straggler_rank" in {f["id"] for f in diag["findings"]}
 
 
+def test_a_rank_that_dies_under_a_launcher_gpufeed_does_not_know(tmp_path):
+    """No launcher report to read: the rank's own sys.exit(3), recorded by the probe, names it."""
+    script = tmp_path / "launch.sh"
+    die = "--die-rank 1 --die-after 12 --exit-code 3"
+    script.write_text(
+        f"export MASTER_ADDR=127.0.0.1 MASTER_PORT={_free_port()} WORLD_SIZE=2\n"
+        f"RANK=0 LOCAL_RANK=0 {sys.executable} {DDP} {die} &\n"
+        f"RANK=1 LOCAL_RANK=1 {sys.executable} {DDP} {die} &\n"
+        "wait\n")
+    diag = diagnose(tmp_path / "run", ["sh", str(script)])   # the script's own exit status is 0
+    r = ranks(diag)
+    assert r[1]["exit_code"] == 3 and r[1]["exit_code_source"] == "process"
+    assert r[0]["exit_code"] == 1 and "RuntimeError" in r[0]["error"]   # the peer's connection closed
+    assert diag["warnings"][0].startswith("rank 1") and "exited with code 3" in diag["warnings"][0]
+    assert "first rank to fail" in diag["warnings"][0] and "ended next" in diag["warnings"][1]
+
+
 def _split_by_rank(run: Path, node0: Path, node1: Path, clock_shift_s: float) -> None:
     """One node per rank: node1 gets rank 1's events on a monotonic clock ``clock_shift_s`` ahead."""
     for node in (node0, node1):

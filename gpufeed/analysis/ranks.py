@@ -61,7 +61,10 @@ class RankSummary:
     step_time_js_distance: float | None
     gpu_util_js_distance: float | None
     end: str | None               # how the process ended: "exit", "sigterm", "steps_reached"; None: killed
-    exit_code: int | None         # from the launcher's failure report (torchrun), where it gave one
+    exit_code: int | None         # the launcher's report (torchrun), else what the process said (sys.exit, an exception)
+    exit_code_source: str | None  # "launcher" or "process"
+    error: str | None             # the uncaught exception it died of, if any
+    ended_at_s: float | None      # when it ended, seconds after the run started
 
     @property
     def label(self) -> str:
@@ -121,6 +124,7 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
     step_times = _step_times(record, loader, m)
     util = _gpu_util(part, loader.pid, m)
     exit_codes = launcher_exit_codes(part)
+    ended = record.ends.get(loader.pid, {})
     summary = RankSummary(
         rank=proc.get("rank"), local_rank=proc.get("local_rank"), world_size=proc.get("world_size"),
         host=proc.get("host"), pid=loader.pid - part.pid_offset,
@@ -130,8 +134,15 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
         step_time_mean_ms=float(step_times.mean() * 1000.0) if len(step_times) else None,
         compute_p50_ms=m.compute_p50_ms, sync_wait_p50_ms=None,
         gpu_util_p50_pct=float(np.median(util)) if len(util) else None,
-        step_time_js_distance=None, gpu_util_js_distance=None, end=record.exits.get(loader.pid), exit_code=exit_codes.get(loader.pid - part.pid_offset),
+        step_time_js_distance=None, gpu_util_js_distance=None, end=record.exits.get(loader.pid),
+        exit_code=None, exit_code_source=None, error=ended.get("error"),
+        ended_at_s=ended["t"] - record.meta.t_start if "t" in ended else None,
     )
+    launcher_code = exit_codes.get(loader.pid - part.pid_offset)
+    if launcher_code is not None:
+        summary.exit_code, summary.exit_code_source = launcher_code, "launcher"
+    elif ended.get("exit_code") is not None:
+        summary.exit_code, summary.exit_code_source = ended["exit_code"], "process"
     return _Rank(summary, m, loader, step_times, util)
 
 
@@ -246,23 +257,30 @@ def _launcher_failures(record: RunRecord) -> dict[int, tuple[int, int, bool]]:
 
 
 def rank_warnings(record: RunRecord, m: Metrics) -> list[str]:
-    """One sentence per rank that died: who, how, after how many steps; the others' records are kept."""
+    """One sentence per rank that died: who, how, after how many steps, the first to fail first;
+    the other ranks' records are kept and diagnosed."""
     if len(m.ranks) < 2:
         return []
-    first = {pid: f[2] for part in (record.parts or [record]) for pid, f in _launcher_failures(part).items()}
+    first = {pid for part in (record.parts or [record]) for pid, f in _launcher_failures(part).items() if f[2]}
+    dead = [r for r in m.ranks if r.exit_code not in (None, 0) or r.error
+            or (r.end is None and record.meta.end_reason != schema.END_INTERRUPTED)]
+    dead.sort(key=lambda r: (r.pid not in first, r.ended_at_s if r.ended_at_s is not None else math.inf))
     out = []
-    for r in sorted(m.ranks, key=lambda r: not first.get(r.pid)):
+    for i, r in enumerate(dead):
         where = f"{r.label} (pid {r.pid}{' on ' + r.host if r.host else ''})"
         if r.exit_code not in (None, 0):
             how = f"was killed by signal {-r.exit_code}" if r.exit_code < 0 else f"exited with code {r.exit_code}"
-            if first.get(r.pid):
-                out.append(f"{where} {how} after {r.steps_total} steps, the first rank to fail (the launcher's "
-                           "report); the other ranks' records are kept.")
-            else:
-                out.append(f"{where} ended next: it {how} (the launcher's report), after {r.steps_total} steps.")
-        elif r.end is None and record.meta.end_reason != schema.END_INTERRUPTED:
-            out.append(f"{where} left no end in its record after {r.steps_total} steps: it was killed "
-                       "(SIGKILL, out of memory?) or crashed in native code; the other ranks' records are kept.")
+            how += " (the launcher's report)" if r.exit_code_source == "launcher" else ""
+        elif r.end is None:
+            how = "left no end in its record: it was killed (SIGKILL, out of memory?) or crashed in native code,"
+        else:
+            how = "failed"
+        error = f" ({r.error})" if r.error else ""
+        if i == 0:
+            lead = ", the first rank to fail" if len(dead) > 1 else ""
+            out.append(f"{where} {how}{error} after {r.steps_total} steps{lead}; the other ranks' records are kept.")
+        else:
+            out.append(f"{where} ended next: it {how}{error}, after {r.steps_total} steps.")
     return out
 
 

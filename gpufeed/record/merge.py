@@ -84,6 +84,8 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
             if isinstance(ev.get(key), (int, float)):
                 ev[key] += dt
     r.exits = {pid(p): reason for p, reason in r.exits.items()}
+    r.ends = {pid(p): dict(ev, pid=pid(p), t=ev["t"] + dt if isinstance(ev.get("t"), (int, float)) else ev.get("t"))
+              for p, ev in r.ends.items()}
     r.meta.t_start += dt
     if r.meta.t_end is not None:
         r.meta.t_end += dt
@@ -151,5 +153,6 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},
+        ends={pid: ev for p in parts for pid, ev in p.ends.items()},
         warnings=warnings, parts=parts,
     )

@@ -80,6 +80,7 @@ class RunRecord:
     stalls: list[dict[str, Any]]
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
     warnings: list[str]
+    ends: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> its exit event (t, reason, exit_code, error)
     # A record merged from several nodes' runs (``record/merge.py``): the runs it was made of, each
     # on the merged clock; pids of run i are shifted by i * merge.PID_STRIDE (``pid_offset``).
     parts: list["RunRecord"] = field(default_factory=list)
@@ -159,7 +160,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
-    processes, stalls, exits = [], [], {}
+    processes, stalls, exits, ends = [], [], {}, {}
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -192,6 +193,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
                 stalls.append(ev)
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
+                ends[pid] = ev
     if not (run_dir / schema.EVENTS_DIR).is_dir():
         warnings.append(f"no {schema.EVENTS_DIR}/ folder: nothing was recorded inside the command")
 
@@ -215,7 +217,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
-        stalls=stalls, exits=exits, warnings=warnings,
+        stalls=stalls, exits=exits, ends=ends, warnings=warnings,
     )
 
 

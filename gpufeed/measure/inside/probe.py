@@ -113,6 +113,9 @@ class Probe:
         """(Re)start in the current process: at install, and in each forked DataLoader worker."""
         self._pid = os.getpid()
         self.pending = None  # a forked child is never inside its parent's next()
+        # How the process is ending, when it says so (sys.exit, an uncaught exception): for its exit event.
+        self.exit_code: int | None = None
+        self.exit_error: str | None = None
         # New in each process: a lock held by the parent's flushing thread at fork stays held in the child.
         self._lock = threading.Lock()
         self._events: list[dict] = []
@@ -158,7 +161,8 @@ class Probe:
             return
         self._stop.set()
         self.flush(final=True)
-        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason})
+        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason,
+                            "exit_code": self.exit_code, "error": self.exit_error})
         self._writer.close()
 
     # -- recording -----------------------------------------------------------------------------
@@ -560,7 +564,26 @@ def install_from_env() -> Probe | None:
     patch_torch(probe)
     atexit.register(probe.close)
     _flush_on_sigterm(probe)
+    _note_how_it_ends(probe)
     return probe
+
+
+def _note_how_it_ends(probe: Probe) -> None:
+    """Keep the exit code that sys.exit(n) or an uncaught exception gives the process, for its exit
+    event: under a launcher that reports no exit codes, a rank that dies is still named with its own.
+    (``raise SystemExit(n)`` bypasses both hooks: its exit code is then unknown.)"""
+    previous_hook, original_exit = sys.excepthook, sys.exit
+
+    def excepthook(kind, value, tb):
+        probe.exit_code, probe.exit_error = 1, f"{kind.__name__}: {value}"[:500]
+        previous_hook(kind, value, tb)
+
+    def exit(status=None):
+        probe.exit_code = status if isinstance(status, int) else (0 if status is None else 1)
+        original_exit(status)
+
+    exit.__doc__ = original_exit.__doc__
+    sys.excepthook, sys.exit = excepthook, exit
 
 
 # Where launchers put a process's rank: torchrun (and Lightning, accelerate, DeepSpeed) first, then
@@ -587,6 +610,7 @@ def _flush_on_sigterm(probe: Probe) -> None:
         return  # the user handles SIGTERM; leave it to them
 
     def on_sigterm(signum, frame):
+        probe.exit_code = -signal.SIGTERM
         probe.close(reason="sigterm")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
