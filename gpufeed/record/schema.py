@@ -29,7 +29,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
 ``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
 ``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
-``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit")
+``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
+              uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception)
 
 Sample lines (``samples.jsonl``)::
 
