@@ -29,6 +29,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis.findings import Finding, severity_for
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute
 from gpufeed.record import schema
+from gpufeed.record.merge import PID_STRIDE
 from gpufeed.record.reader import RunRecord
 from gpufeed.units import fmt
 
@@ -123,7 +124,7 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
     part = _part_of(record, loader.pid)
     step_times = _step_times(record, loader, m)
     util = _gpu_util(part, loader.pid, m)
-    exit_codes = launcher_exit_codes(part)
+    reported = _launcher_failures(part).get(loader.pid - part.pid_offset)
     ended = record.ends.get(loader.pid, {})
     summary = RankSummary(
         rank=proc.get("rank"), local_rank=proc.get("local_rank"), world_size=proc.get("world_size"),
@@ -138,9 +139,8 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
         exit_code=None, exit_code_source=None, error=ended.get("error"),
         ended_at_s=ended["t"] - record.meta.t_start if "t" in ended else None,
     )
-    launcher_code = exit_codes.get(loader.pid - part.pid_offset)
-    if launcher_code is not None:
-        summary.exit_code, summary.exit_code_source = launcher_code, "launcher"
+    if reported is not None:
+        summary.exit_code, summary.exit_code_source = reported[1], "launcher"
     elif ended.get("exit_code") is not None:
         summary.exit_code, summary.exit_code_source = ended["exit_code"], "process"
     return _Rank(summary, m, loader, step_times, util)
@@ -148,12 +148,7 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
 
 def _part_of(record: RunRecord, pid: int) -> RunRecord:
     """The node's own record that holds ``pid`` (the record itself unless it was merged)."""
-    return next((p for p in record.parts if p.pid_offset <= pid < p.pid_offset + _pid_stride()), record)
-
-
-def _pid_stride() -> int:
-    from gpufeed.record.merge import PID_STRIDE
-    return PID_STRIDE
+    return next((p for p in record.parts if p.pid_offset <= pid < p.pid_offset + PID_STRIDE), record)
 
 
 def _step_times(record: RunRecord, loader: LoaderSummary, m: Metrics) -> np.ndarray:
@@ -235,11 +230,6 @@ def _job_samples_per_s(record: RunRecord, ranks: list[_Rank]) -> float | None:
 #   exitcode  : 3 (pid: 30566)
 _TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _ROOT_CAUSE = "Root Cause (first observed failure)"
-
-
-def launcher_exit_codes(record: RunRecord) -> dict[int, int]:
-    """pid -> exit code of the ranks a launcher reported as failed (torchrun), from stderr.log."""
-    return {pid: code for pid, (_rank, code, _first) in _launcher_failures(record).items()}
 
 
 def _launcher_failures(record: RunRecord) -> dict[int, tuple[int, int, bool]]:

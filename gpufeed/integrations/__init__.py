@@ -14,6 +14,7 @@ into log lines and scalars.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,11 @@ class FitSession:
         from gpufeed.measure.inside.probe import active_probe
         if active_probe() is not None:
             return None
-        out = self.out
+        from gpufeed.measure.runner import default_run_dir
+        out = Path(self.out) if self.out is not None else default_run_dir(sys.argv[:1] or ["python"])
         rank = os.environ.get("RANK")
-        if out is not None and rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
-            out = Path(out) / f"rank{rank}"  # one record per rank: merge them with gpufeed analyze DIR...
+        if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
+            out = out / f"rank{rank}"  # one record per rank (gpufeed analyze DIR/rank* merges them)
         self.profiler = Profiler(out, warmup_steps=self.warmup_steps)
         return self.profiler.start()
 
