@@ -133,6 +133,11 @@ def test_prometheus_exporter_serves_a_record(tmp_path):
     assert 'gpufeed_steps_total{host="test",pid="1000",rank="",run="run"} 200.0' in text
     share = next(line for line in text.splitlines() if line.startswith("gpufeed_data_wait_share{"))
     assert float(share.split()[-1]) == pytest.approx(0.5, abs=0.01)
+    server = serve(run, _free_port(), addr="127.0.0.2")   # told otherwise
+    try:
+        assert server.server_address[0] == "127.0.0.2"
+    finally:
+        server.shutdown()
 
 
 def test_diagnose_prometheus_while_the_command_runs(tmp_path):

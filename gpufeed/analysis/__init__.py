@@ -33,8 +33,8 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     gpu_error = record.meta.sampler.get("gpu_error")
     return Diagnosis(
         bottleneck=primary_bottleneck(metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
-        findings=findings, metrics=metrics, loaders=loaders,
-        run_dir=" ".join(str(p.run_dir) for p in record.parts) or str(record.run_dir),  # several: merged nodes
+        findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
+        run_dirs=[str(p.run_dir) for p in record.parts],
         gpu_available=bool(record.samples.gpus) or metrics.cuda_used,
         gpu_unavailable_reason=None if record.samples.gpus else gpu_error,
         run={"command": record.meta.command, "end_reason": record.meta.end_reason,

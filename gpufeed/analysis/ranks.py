@@ -18,6 +18,7 @@ that sets none (such a rank is named by its pid).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -119,9 +120,11 @@ def training_loaders(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
 
 
 def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: LoaderSummary) -> _Rank:
-    m = compute(record, loaders, loader)
-    proc = next((p for p in record.processes if p.get("pid") == loader.pid), {})
     part = _part_of(record, loader.pid)
+    # A merged record: the rank's host numbers (CPU, memory, cores) are those of its own node.
+    view = dataclasses.replace(record, samples=part.samples, meta=part.meta) if part is not record else record
+    m = compute(view, loaders, loader)
+    proc = next((p for p in record.processes if p.get("pid") == loader.pid), {})
     step_times = _step_times(record, loader, m)
     util = _gpu_util(part, loader.pid, m)
     reported = _launcher_failures(part).get(loader.pid - part.pid_offset)

@@ -111,4 +111,5 @@ def render(d: Diagnosis, console: Console | None = None) -> None:
             console.print(finding_block(i, f))
     for w in d.warnings:
         console.print(Text(f"note: {w}", style="yellow"))
-    console.print(Text(f"Run record: {d.run_dir}  (gpufeed analyze {d.run_dir})", style="dim"))
+    dirs = " ".join(d.run_dirs or [d.run_dir])
+    console.print(Text(f"Run record{'s' if len(d.run_dirs) > 1 else ''}: {dirs}  (gpufeed analyze {dirs})", style="dim"))

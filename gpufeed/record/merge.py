@@ -18,8 +18,8 @@ wall clock alone.
 
 Pids. Two hosts can run processes with the same pid; in the merged record node i's pids are
 shifted by ``i * PID_STRIDE`` (above Linux's largest pid), and ``RunRecord.parts[i].pid_offset``
-says by how much. Host-level numbers (CPU, memory) of a merged record are node 0's; per-rank GPU
-numbers come from each rank's own node.
+says by how much. ``samples`` (CPU, memory, GPUs) of a merged record are node 0's; the analysis
+reads each rank's host and GPU numbers from its own node's part.
 """
 from __future__ import annotations
 
