@@ -145,7 +145,7 @@ def test_diagnose_prometheus_while_the_command_runs(tmp_path):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(tmp_path / "run"),
                              "--prometheus", str(port), "--", sys.executable, str(WORKLOADS / "storage_bound.py"),
-                             "--epochs", "6"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--epochs", "4"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     scraped = ""
     try:
         deadline = time.monotonic() + 60
