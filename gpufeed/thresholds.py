@@ -102,3 +102,8 @@ CLOCK_RESIDUAL_CORRECT_S = 0.010
 # Steps count as synchronized across two ranks (a collective each step) when their request times
 # differ by a spread (interquartile range) under this share of the median step time.
 CLOCK_SYNC_SPREAD_SHARE = 0.25
+# Runs further apart than this by their wall clocks are not one job whose clock is wrong: two
+# separate jobs can look alike step by step, and must not be "aligned" onto each other. Five
+# minutes is far beyond the drift of any host that keeps time at all (NTP's panic threshold, past
+# which it stops correcting, is 1000 s; its usual step threshold is 128 ms).
+CLOCK_MAX_ERROR_S = 300.0

@@ -152,3 +152,20 @@ def test_unsynchronized_nodes_say_what_could_not_be_aligned(tmp_path):
 def test_one_directory_is_load_run(tmp_path):
     run = write_ddp_run(tmp_path / "run", [FAST, SLOW])
     assert load_runs([run]).parts == []
+
+
+def test_runs_that_did_not_overlap_are_not_aligned_on_their_steps(tmp_path):
+    """Two separate jobs an hour apart look alike step by step: their clocks must not be "corrected"."""
+    a = write_ddp_run(tmp_path / "monday", [FAST], hostname="node0")
+    b = write_ddp_run(tmp_path / "tuesday", [FAST], hostname="node1", clock_offset_s=1.7e9 + 3600.0)
+    d = analyze_record(load_runs([a, b]))
+    note = next(w for w in d.warnings if "tuesday" in w and "clock" in w)
+    assert "more than 300 s apart" in note and "not checked or aligned" in note
+    assert any("rank 0 appears in monday and tuesday" in w for w in d.warnings)
+
+
+def test_the_same_directory_twice_is_refused(tmp_path):
+    from gpufeed.record.reader import RecordError
+    run = write_ddp_run(tmp_path / "run", [FAST, SLOW])
+    with pytest.raises(RecordError, match="given twice"):
+        load_runs([run, tmp_path / "." / "run"])

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.record import schema
-from gpufeed.record.reader import RunRecord, load_run
+from gpufeed.record.reader import RecordError, RunRecord, load_run
 
 PID_STRIDE = 10_000_000  # > Linux's pid_max limit (2**22)
 
@@ -43,14 +43,29 @@ def load_runs(dirs: Sequence[str | Path]) -> RunRecord:
     """
     if len(dirs) == 1:
         return load_run(dirs[0])
+    seen: set[Path] = set()
+    for d in dirs:
+        if Path(d).resolve() in seen:
+            raise RecordError(f"{d} is given twice: give each node's run directory once.")
+        seen.add(Path(d).resolve())
     parts = [load_run(d) for d in dirs]
-    notes = []
+    notes = _repeated_ranks(parts)
     for i, part in enumerate(parts):
         part.pid_offset = i * PID_STRIDE
         _shift(part, part.meta.clock_offset_s - parts[0].meta.clock_offset_s, part.pid_offset)
     for part in parts[1:]:
         notes.append(_check_alignment(parts[0], part))
     return _combine(parts, notes)
+
+
+def _repeated_ranks(parts: list[RunRecord]) -> list[str]:
+    """Ranks found in more than one run: the runs are probably not the nodes of one job."""
+    where: dict[int, list[str]] = {}
+    for part in parts:
+        for rank in sorted({p.get("rank") for p in part.processes if p.get("rank") is not None}):
+            where.setdefault(rank, []).append(part.run_dir.name)
+    return [f"rank {rank} appears in {' and '.join(names)}: are these runs of one job?"
+            for rank, names in sorted(where.items()) if len(names) > 1]
 
 
 def _name(part: RunRecord) -> str:
@@ -111,6 +126,11 @@ def _check_alignment(ref: RunRecord, part: RunRecord) -> str:
     """Measure the node's residual clock error on synchronized steps; correct it if a wall clock is off."""
     offset = part.meta.clock_offset_s - ref.meta.clock_offset_s
     said = f"{_name(part)} put on {_name(ref)}'s clock by the hosts' wall clocks (offset {offset:+.3f} s)"
+    slack = th.CLOCK_MAX_ERROR_S
+    if part.meta.t_end is not None and ref.meta.t_end is not None and (
+            part.meta.t_start > ref.meta.t_end + slack or ref.meta.t_start > part.meta.t_end + slack):
+        return (f"{said}; by those clocks the two runs were more than {slack:.0f} s apart, so they are probably "
+                "not one job: not checked or aligned on their steps.")
     a, b = _request_times(ref), _request_times(part)
     if a is None or b is None or min(len(a), len(b)) < 4:
         return f"{said}; not checked: no training steps on both nodes to compare, so it rests on the wall clocks."
