@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
                                          "directories (one per node of a job) are merged into one diagnosis")
-    p.add_argument("run_dir", type=Path, nargs="+")
+    p.add_argument("run_dir", type=Path, nargs="+",
+                   help="a run directory; several: one per node of a job, merged into one diagnosis")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
     _add_tensorboard_option(p)
 
