@@ -252,11 +252,10 @@ def _launcher_failures(record: RunRecord) -> dict[int, tuple[int, int, bool]]:
 def rank_warnings(record: RunRecord, m: Metrics) -> list[str]:
     """One sentence per rank that died: who, how, after how many steps, the first to fail first;
     the other ranks' records are kept and diagnosed."""
-    if len(m.ranks) < 2:
-        return []
+    if len(m.ranks) < 2 or record.meta.end_reason in (schema.END_INTERRUPTED, schema.END_STALLED):
+        return []  # gpufeed itself ended the ranks: none of them died
     first = {pid for part in (record.parts or [record]) for pid, f in _launcher_failures(part).items() if f[2]}
-    dead = [r for r in m.ranks if r.exit_code not in (None, 0) or r.error
-            or (r.end is None and record.meta.end_reason != schema.END_INTERRUPTED)]
+    dead = [r for r in m.ranks if r.exit_code not in (None, 0) or r.error or r.end is None]
     dead.sort(key=lambda r: (r.pid not in first, r.ended_at_s if r.ended_at_s is not None else math.inf))
     out = []
     for i, r in enumerate(dead):
