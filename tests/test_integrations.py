@@ -176,3 +176,23 @@ def test_prometheus_port_in_use_is_refused_before_the_command_starts(tmp_path):
     assert result.returncode == cli.EXIT_USAGE
     assert f"cannot serve Prometheus metrics on 127.0.0.1:{port}" in result.stderr
     assert not (tmp_path / "started").exists()
+
+
+def test_analyze_writes_tensorboard_scalars(tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    run = write_ddp_run(tmp_path / "run", [RankSpec(), RankSpec(wait_s=0.02)])
+    assert cli.main(["analyze", str(run), "--tensorboard", str(tmp_path / "tb")]) == cli.EXIT_OK
+    assert "TensorBoard scalars written" in capsys.readouterr().out
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_callbacks_stand_aside_under_diagnose(tmp_path):
+    """Inside a process gpufeed already measures, a callback starts nothing and diagnoses nothing."""
+    import gpufeed
+    from gpufeed.integrations import FitSession
+
+    with gpufeed.profile(out=tmp_path / "run"):   # stands in for diagnose's probe
+        session = FitSession(out=tmp_path / "callback")
+        assert session.start() is None
+        assert session.finish() is None
+    assert not (tmp_path / "callback").exists()
