@@ -62,6 +62,23 @@ def test_gpu_utilization_imbalance(tmp_path):
     assert "GPU utilization" in f.message
 
 
+def test_gpu_of_a_rank_by_local_rank_when_nvml_names_no_pid_of_ours(tmp_path):
+    """In a container NVML reports the host's pids: a rank's GPU is then its LOCAL_RANK's."""
+    import json
+    busy = RankSpec(wait_s=0.0005, compute_s=0.005, gpu_util=[92.0, 95.0, 97.0])
+    idle = RankSpec(wait_s=0.0005, compute_s=0.005, gpu_util=[30.0, 35.0, 40.0])
+    run = write_ddp_run(tmp_path / "run", [busy, idle], steps=600)
+    samples = run / "samples.jsonl"
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    for line in lines:
+        for gpu in line["gpus"]:
+            gpu["procs"] = {str(777000 + gpu["index"]): 2**30}   # pids from outside the container
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    d = analyze(run)
+    assert by_rank(d)[0].gpu_util_p50_pct == pytest.approx(95.0)
+    assert by_rank(d)[1].gpu_util_p50_pct == pytest.approx(35.0)
+
+
 def test_js_distance():
     assert js_distance([5, 0], [0, 5]) == pytest.approx(1.0)
     assert js_distance([3, 4], [3, 4]) == pytest.approx(0.0)

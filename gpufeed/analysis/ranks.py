@@ -126,7 +126,7 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
     m = compute(view, loaders, loader)
     proc = next((p for p in record.processes if p.get("pid") == loader.pid), {})
     step_times = _step_times(record, loader, m)
-    util = _gpu_util(part, loader.pid, m)
+    util = _gpu_util(part, loader.pid, proc.get("local_rank"), m)
     reported = _launcher_failures(part).get(loader.pid - part.pid_offset)
     ended = record.ends.get(loader.pid, {})
     summary = RankSummary(
@@ -167,16 +167,25 @@ def _step_times(record: RunRecord, loader: LoaderSummary, m: Metrics) -> np.ndar
     return np.concatenate(out) if out else np.empty(0)
 
 
-def _gpu_util(record: RunRecord, pid: int, m: Metrics) -> np.ndarray:
-    """NVML utilization of the GPUs on which this process held memory, during its window."""
+def _gpu_util(record: RunRecord, pid: int, local_rank: int | None, m: Metrics) -> np.ndarray:
+    """NVML utilization of the GPUs on which this process held memory, during its window. Where NVML
+    names no process of ours (in a container it reports the host's pids), the GPU numbered like the
+    rank's LOCAL_RANK: the usual torch.cuda.set_device(local_rank)."""
     s = record.samples
     if not s.gpus or m.window_start_t is None:
         return np.empty(0)
     mine = {idx for per_gpu in s.gpu_procs for idx, pids in per_gpu.items() if pid in pids}
+    if not mine and local_rank in s.gpus and not any(pids for per_gpu in s.gpu_procs for pids in per_gpu.values()
+                                                     if set(pids) & _tree_pids(record)):
+        mine = {local_rank}
     mask = (s.t >= m.window_start_t) & (s.t <= m.window_end_t)
     values = [s.gpus[i]["util_pct"][mask] for i in sorted(mine) if i in s.gpus]
     util = np.concatenate(values) if values else np.empty(0)
     return util[np.isfinite(util)]
+
+
+def _tree_pids(record: RunRecord) -> set[int]:
+    return {int(row[0]) for procs in record.samples.procs for row in procs}
 
 
 def _fill_sync_wait(ranks: list[_Rank]) -> None:
