@@ -186,3 +186,15 @@ def test_the_same_directory_twice_is_refused(tmp_path):
     run = write_ddp_run(tmp_path / "run", [FAST, SLOW])
     with pytest.raises(RecordError, match="given twice"):
         load_runs([run, tmp_path / "." / "run"])
+
+
+def test_rank_from_the_environment_of_other_launchers(monkeypatch):
+    from gpufeed.measure.inside import probe
+    for name in probe.RANK_ENV + probe.WORLD_SIZE_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert probe._env_int(*probe.RANK_ENV) is None                 # no launcher: no rank
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    assert probe._env_int(*probe.RANK_ENV) == 3 and probe._env_int(*probe.WORLD_SIZE_ENV) == 8
+    monkeypatch.setenv("RANK", "5")                                  # torchrun's, under srun, wins
+    assert probe._env_int(*probe.RANK_ENV) == 5

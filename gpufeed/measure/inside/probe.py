@@ -37,6 +37,12 @@ ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 ENV_MAX_STEPS = "GPUFEED_MAX_STEPS"          # end the process after this many batches (warm-up included)
 ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a loader counts as stuck
 
+# Where launchers put a process's rank: torchrun (and Lightning, accelerate, DeepSpeed) first, then
+# SLURM's srun, Open MPI's mpirun and MPICH/Intel MPI's PMI, for jobs launched without torchrun.
+RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
 FLUSH_INTERVAL_S = 1.0       # the promise: flushed at least every second
 MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
 MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the oldest are dropped
@@ -584,13 +590,6 @@ def _note_how_it_ends(probe: Probe) -> None:
 
     exit.__doc__ = original_exit.__doc__
     sys.excepthook, sys.exit = excepthook, exit
-
-
-# Where launchers put a process's rank: torchrun (and Lightning, accelerate, DeepSpeed) first, then
-# SLURM's srun, Open MPI's mpirun and MPICH/Intel MPI's PMI, for jobs launched without torchrun.
-RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def _env_int(*names: str) -> int | None:
