@@ -126,7 +126,9 @@ def _split_by_rank(run: Path, node0: Path, node1: Path, clock_shift_s: float) ->
             if ev.get("kind") == "process" and ev.get("rank") is not None:
                 pids[ev["pid"]] = ev["rank"]
     meta = json.loads((node1 / "meta.json").read_text())
-    meta["clock_offset_s"] -= clock_shift_s
+    meta["clock_offset_s"] -= clock_shift_s   # the same moments, on a clock that reads clock_shift_s more
+    meta["t_start"] += clock_shift_s
+    meta["t_end"] += clock_shift_s
     meta["hostname"] = "node1"
     (node1 / "meta.json").write_text(json.dumps(meta))
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines() if line.strip()]
