@@ -196,3 +196,32 @@ def test_callbacks_stand_aside_under_diagnose(tmp_path):
         assert session.start() is None
         assert session.finish() is None
     assert not (tmp_path / "callback").exists()
+
+
+def test_transformers_training_that_raises_still_leaves_a_finished_record(tmp_path, monkeypatch):
+    """The HF Trainer calls no callback when training raises: the record is finished at exit."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    from gpufeed.integrations.transformers import GpufeedTrainerCallback
+
+    class Broken(SlowData):
+        calls = 0
+
+        def __getitem__(self, i):
+            Broken.calls += 1
+            if Broken.calls == 20:   # in the third batch
+                raise OSError("unreadable sample")
+            return super().__getitem__(i)
+
+    config = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=8,
+                                          report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    callback = GpufeedTrainerCallback(out=tmp_path / "run")
+    trainer = transformers.Trainer(model=transformers.BertForSequenceClassification(config), args=args,
+                                   train_dataset=Broken(as_dict=True), callbacks=[callback])
+    with pytest.raises(OSError, match="unreadable sample"):
+        trainer.train()
+    callback.session._finish_at_exit()   # what atexit does as the process ends
+    meta = load_run(tmp_path / "run").meta
+    assert meta.end_reason == "failed" and "did not reach its end" in meta.message

@@ -13,6 +13,7 @@ into log lines and scalars.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -46,16 +47,29 @@ class FitSession:
         if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
             out = out / f"rank{rank}"  # one record per rank (gpufeed analyze DIR/rank* merges them)
         self.profiler = Profiler(out, warmup_steps=self.warmup_steps)
-        return self.profiler.start()
+        run_dir = self.profiler.start()
+        # A framework that calls no callback when training raises (the HF Trainer) must still leave
+        # a finished record behind: finish it as the process exits.
+        atexit.register(self._finish_at_exit)
+        return run_dir
 
     def finish(self, error: BaseException | None = None) -> Any:
         """The diagnosis of the run (None under gpufeed diagnose, or if start() was not called)."""
         if self.profiler is None:
             return None
         profiler, self.profiler = self.profiler, None
+        atexit.unregister(self._finish_at_exit)
         if error is None:
             return profiler.stop()
         return profiler.stop(schema.END_FAILED, f"Training raised {type(error).__name__}: {error}")
+
+    def _finish_at_exit(self) -> None:
+        if self.profiler is not None:
+            try:
+                self.profiler.stop(schema.END_FAILED, "Training did not reach its end: the process exited first.")
+            except Exception:
+                pass  # the process is exiting; its record is as complete as it can be
+            self.profiler = None
 
 
 def log_lines(diagnosis: Any) -> list[str]:
