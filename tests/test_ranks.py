@@ -198,3 +198,16 @@ def test_rank_from_the_environment_of_other_launchers(monkeypatch):
     assert probe._env_int(*probe.RANK_ENV) == 3 and probe._env_int(*probe.WORLD_SIZE_ENV) == 8
     monkeypatch.setenv("RANK", "5")                                  # torchrun's, under srun, wins
     assert probe._env_int(*probe.RANK_ENV) == 5
+
+
+def test_terminal_shows_the_ranks_and_caps_a_large_job(tmp_path):
+    from rich.console import Console
+    from gpufeed.present.terminal import MAX_RANK_ROWS, render
+
+    ranks = [FAST] * (MAX_RANK_ROWS + 4)
+    ranks[13] = SLOW
+    console = Console(width=120, record=True)
+    render(analyze(write_ddp_run(tmp_path / "run", ranks, steps=40)), console)
+    text = console.export_text()
+    assert f"{MAX_RANK_ROWS + 4} ranks (above: rank 13's; throughput: the job's)" in text
+    assert f"{MAX_RANK_ROWS} of {MAX_RANK_ROWS + 4} ranks" in text and "straggler_rank" in text

@@ -51,10 +51,16 @@ def numbers_table(d: Diagnosis) -> Table:
     return table
 
 
+MAX_RANK_ROWS = 16  # a large job shows the ranks that wait for data most; the JSON has them all
+
+
 def ranks_table(d: Diagnosis) -> Table:
     """One row per rank: where the step time went on each (several ranks only). Times are p50 in ms;
     "sync" is compute above the rank with the shortest: time spent waiting for the others."""
     ranks = d.metrics.ranks
+    if len(ranks) > MAX_RANK_ROWS:
+        shown = sorted(ranks, key=lambda r: -(r.data_wait_share or 0.0))[:MAX_RANK_ROWS]
+        ranks = [r for r in ranks if any(r is x for x in shown)]
     hosts = len({r.host for r in ranks}) > 1
     gpus = any(r.gpu_util_p50_pct is not None for r in ranks)
     columns = [("rank", ""), ("host", "")] if hosts else [("rank", "")]
@@ -72,6 +78,8 @@ def ranks_table(d: Diagnosis) -> Table:
                   fmt(r.compute_p50_ms, ".1f"), fmt(r.sync_wait_p50_ms, ".1f")]
         cells += [fmt(r.gpu_util_p50_pct, ".0f", "%")] if gpus else []
         table.add_row(*cells, end)
+    if len(d.metrics.ranks) > len(ranks):
+        table.caption = f"{len(ranks)} of {len(d.metrics.ranks)} ranks: those that waited most; --json has all"
     return table
 
 
