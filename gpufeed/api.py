@@ -22,7 +22,7 @@ from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.runner import default_run_dir, finish_record, start_record
 from gpufeed.record import schema
 
-__all__ = ["profile", "analyze", "ProfileRun"]
+__all__ = ["profile", "analyze", "ProfileRun", "Profiler"]
 
 
 def analyze(run_dir: str | os.PathLike[str]) -> Diagnosis:
@@ -50,6 +50,42 @@ class ProfileRun:
         return self.diagnosis.metrics if self.diagnosis else None
 
 
+class Profiler:
+    """The measurement behind ``profile()``, as ``start()`` and ``stop()``: for training frameworks'
+    callbacks (``gpufeed/integrations/``), whose start and end are two separate calls."""
+
+    def __init__(self, out: str | os.PathLike[str] | None = None, warmup_steps: int = th.DEFAULT_WARMUP_STEPS,
+                 interval_s: float = 0.1) -> None:
+        self.run_dir = Path(out) if out is not None else default_run_dir(sys.argv[:1] or ["python"])
+        self.warmup_steps = warmup_steps
+        self.interval_s = interval_s
+        self._running: tuple[schema.RunMeta, Probe, Sampler] | None = None
+
+    def start(self) -> Path:
+        """Instrument this process's DataLoaders and start the sampler; returns the run directory."""
+        if active_probe() is not None:
+            raise RuntimeError("gpufeed is already measuring this process (nested profile() or under diagnose)")
+        meta = start_record(self.run_dir, [sys.executable] + sys.argv, None, self.warmup_steps)
+        probe = Probe(str(self.run_dir))
+        patch_torch(probe)
+        sampler = Sampler(self.run_dir, os.getpid(), interval_s=self.interval_s)
+        sampler.start()
+        self._running = (meta, probe, sampler)
+        return self.run_dir
+
+    def stop(self, end_reason: str = schema.END_COMPLETED,
+             message: str = "The profiled block finished normally.") -> Diagnosis:
+        """Finish the record and diagnose it (safe to call twice: the second call only diagnoses)."""
+        if self._running is not None:
+            meta, probe, sampler = self._running
+            self._running = None
+            meta.sampler = sampler.stop()
+            probe.close()
+            unpatch_torch()
+            finish_record(self.run_dir, meta, end_reason, None, message)
+        return _analyze(self.run_dir)
+
+
 @contextlib.contextmanager
 def profile(out: str | os.PathLike[str] | None = None, warmup_steps: int = th.DEFAULT_WARMUP_STEPS,
             interval_s: float = 0.1) -> Iterator[ProfileRun]:
@@ -58,16 +94,8 @@ def profile(out: str | os.PathLike[str] | None = None, warmup_steps: int = th.DE
     DataLoader workers started with the ``spawn`` or ``forkserver`` methods are not instrumented
     here (they do not inherit the patch); ``gpufeed diagnose`` covers them.
     """
-    if active_probe() is not None:
-        raise RuntimeError("gpufeed is already measuring this process (nested profile() or under diagnose)")
-    command = [sys.executable] + sys.argv
-    run_dir = Path(out) if out is not None else default_run_dir(sys.argv[:1] or ["python"])
-    meta = start_record(run_dir, command, None, warmup_steps)
-    probe = Probe(str(run_dir))
-    patch_torch(probe)
-    sampler = Sampler(run_dir, os.getpid(), interval_s=interval_s)
-    sampler.start()
-    run = ProfileRun(run_dir)
+    profiler = Profiler(out, warmup_steps, interval_s)
+    run = ProfileRun(profiler.start())
     end_reason, message = schema.END_COMPLETED, "The profiled block finished normally."
     try:
         yield run
@@ -78,12 +106,8 @@ def profile(out: str | os.PathLike[str] | None = None, warmup_steps: int = th.DE
         end_reason, message = schema.END_FAILED, f"The profiled block raised {type(error).__name__}: {error}"
         raise
     finally:
-        meta.sampler = sampler.stop()
-        probe.close()
-        unpatch_torch()
-        finish_record(run_dir, meta, end_reason, None, message)
         try:
-            run.diagnosis = _analyze(run_dir)
+            run.diagnosis = profiler.stop(end_reason, message)
         except Exception:
             if end_reason == schema.END_COMPLETED:
                 raise

@@ -69,6 +69,24 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=_positive_float, default=0.1, metavar="SECONDS",
                    help="sampling interval for CPU, memory and GPU (default 0.1, i.e. 10 Hz)")
     _add_report_option(p)
+    _add_tensorboard_option(p)
+    p.add_argument("--prometheus", type=_port, metavar="PORT",
+                   help="serve the run's data-wait share, samples/s and GPU util per rank for Prometheus "
+                        "on this port while it runs (needs prometheus_client)")
+    p.add_argument("--prometheus-addr", default="127.0.0.1", metavar="ADDR",
+                   help="address the Prometheus exporter binds to (default 127.0.0.1, this host only)")
+
+
+def _add_tensorboard_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensorboard", type=Path, metavar="LOG_DIR",
+                   help="also write data-wait share, samples/s and GPU util as TensorBoard scalars to LOG_DIR")
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,9 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
-    p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone")
-    p.add_argument("run_dir", type=Path)
+    p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
+                                         "directories (one per node of a job) are merged into one diagnosis")
+    p.add_argument("run_dir", type=Path, nargs="+",
+                   help="a run directory; several: one per node of a job, merged into one diagnosis")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
+    _add_tensorboard_option(p)
 
     p = sub.add_parser("tune", help="find the fastest DataLoader settings for a command, by short trials",
                        usage="gpufeed tune [options] -- CMD [ARGS...]", epilog=exit_codes,
@@ -113,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a run, tune or batch-size directory")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, nargs="+",
+                   help="a run, tune or batch-size directory; several run directories: one per node of a job, merged")
     p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the HTML file (default RUN_DIR/report.html)")
 
     p = sub.add_parser("trace", help="write a run as a Chrome trace for Perfetto or chrome://tracing")
@@ -169,14 +191,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
     from gpufeed.analysis import analyze
-    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, RunOptions, run_command
+    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, RunOptions, default_run_dir, run_command
     from gpufeed.present.terminal import render
 
     if not command:
         _error("give the training command after --, e.g. gpufeed diagnose -- python train.py")
         return EXIT_USAGE
-    options = RunOptions(command=command, out=args.out, steps=args.steps, warmup_steps=args.warmup,
-                         stall_timeout_s=args.stall_timeout, interval_s=args.interval)
+    options = RunOptions(command=command, out=args.out or default_run_dir(command), steps=args.steps,
+                         warmup_steps=args.warmup, stall_timeout_s=args.stall_timeout, interval_s=args.interval)
+    exporter = None
+    if getattr(args, "prometheus", None):
+        exporter = _start_exporter(options.out, args.prometheus, args.prometheus_addr, console)
+        if exporter is None:
+            return EXIT_USAGE
     try:
         result = run_command(options)
     except CommandNotStarted as error:
@@ -185,6 +212,9 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     except RunDirInUse as error:
         _error(str(error))
         return EXIT_USAGE
+    finally:
+        if exporter is not None:
+            exporter.shutdown()
     try:
         diagnosis = analyze(result.run_dir)
     except Exception as error:  # a bug in the analysis must not hide that the record is safe
@@ -194,6 +224,7 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
     _write_report(result.run_dir, args.report, console)
+    _write_tensorboard(result.run_dir, getattr(args, "tensorboard", None), console)
     return EXIT_FOR_END.get(result.meta.end_reason or "", EXIT_COMMAND_FAILED)
 
 
@@ -289,17 +320,20 @@ def _error_free_note(message: str) -> None:
 
 
 def _analyze(args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.analysis import analyze
+    from gpufeed.analysis import analyze_record
     from gpufeed.present.terminal import render
+    from gpufeed.record.merge import load_runs
     from gpufeed.record.reader import RecordError
 
     try:
-        diagnosis = analyze(args.run_dir)
+        record = load_runs(args.run_dir)
     except RecordError as error:
         _error(str(error))
         return EXIT_BAD_RECORD
+    diagnosis = analyze_record(record)
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
+    _write_tensorboard(record, args.tensorboard, console)
     return EXIT_OK
 
 
@@ -307,8 +341,9 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     from gpufeed.present.report import DEFAULT_NAME, build_report
     from gpufeed.record.reader import RecordError
 
+    first = args.run_dir[0]
     try:
-        report = build_report(args.run_dir)
+        report = build_report(*args.run_dir)
     except RecordError as error:
         _error(str(error))
         return EXIT_BAD_RECORD
@@ -317,7 +352,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if not report.readable and args.out is None:
         return EXIT_BAD_RECORD  # nothing to show: leave a directory that may not be ours untouched
     try:
-        out = report.write(args.out or args.run_dir / DEFAULT_NAME)
+        out = report.write(args.out or first / DEFAULT_NAME)
     except OSError as error:
         _error(f"cannot write {error.filename}: {error.strerror}.")
         return EXIT_USAGE
@@ -351,6 +386,36 @@ def _watch(args: argparse.Namespace) -> int:
         _error(str(error))
         return EXIT_BAD_RECORD
     return EXIT_OK
+
+
+def _start_exporter(run_dir: Path, port: int, addr: str, console: Console):
+    """The Prometheus exporter, serving before the command starts; None (said why) if it cannot."""
+    try:
+        from gpufeed.integrations.prometheus import serve
+        server = serve(run_dir, port, addr)
+    except ImportError:
+        _error("--prometheus needs the prometheus_client package: pip install 'gpufeed[prometheus]'.")
+        return None
+    except OSError as error:
+        _error(f"cannot serve Prometheus metrics on {addr}:{port} ({error.strerror or error}); choose another "
+               "--prometheus port.")
+        return None
+    console.print(f"Prometheus metrics on http://{addr}:{port}/metrics", style="dim")
+    return server
+
+
+def _write_tensorboard(record_or_dir, log_dir: Path | None, console: Console) -> None:
+    if log_dir is None:
+        return
+    from gpufeed.record.reader import RunRecord, load_run
+    try:
+        from gpufeed.integrations.tensorboard import write_scalars
+        record = record_or_dir if isinstance(record_or_dir, RunRecord) else load_run(record_or_dir)
+        n = write_scalars(record, log_dir)
+    except ImportError:
+        _error("--tensorboard needs the tensorboard package: pip install 'gpufeed[tensorboard]'.")
+        return
+    console.print(f"{n} TensorBoard scalars written to {log_dir}", style="dim")
 
 
 def _write_json(diagnosis, path: Path | None, console: Console) -> None:

@@ -69,6 +69,45 @@ LATENCY_PREFETCH_FACTOR = 4
 SEVERITY_HIGH_SHARE = DATA_WAIT_SHARE_HIGH
 SEVERITY_MEDIUM_SHARE = DATA_WAIT_SHARE_FLAG
 
+# -- Several ranks (torchrun, DistributedDataParallel) --------------------------------------------
+# A straggler's loader makes it wait for data markedly more than the others: at least the flagged
+# data-wait share (the 5% bar above) and at least this many times the other ranks' median share.
+# Two is the smallest ratio that separates "one rank waits" from run-to-run noise between ranks
+# fed the same way (measured here: 2 gloo ranks fed alike on one busy 2-core host: 1.03-1.06x).
+STRAGGLER_WAIT_RATIO = 2.0
+# The others wait for it in the collective: at least this share of the straggler's extra data
+# wait per step reappears as extra step compute on the other ranks (the gradient all-reduce blocks
+# their backward until the straggler arrives). Half: the rest may overlap with their own compute.
+STRAGGLER_SYNC_ABSORBED = 0.5
+# Load imbalance: SageMaker Debugger's LoadBalancing rule flags a Jensen-Shannon distance > 0.5
+# between per-GPU utilization histograms. The same distance and bar compare each rank's step-time
+# histogram with the other ranks' pooled one.
+IMBALANCE_JS_DISTANCE = 0.5
+# Histogram bins: GPU utilization in 10-point bins (0-100%); step times in bins 10% wide on a log
+# scale, so that ranks whose step times differ by less than 10% share their bins (no imbalance).
+IMBALANCE_GPU_UTIL_BIN_PCT = 10.0
+IMBALANCE_STEP_TIME_BIN_RATIO = 1.10
+# The distance alone is noisy with few values (measured here: two balanced gloo ranks, 30 steps of
+# ~3 ms on a busy 2-core host, reached 0.54): a rank also needs this many values, and the ranks'
+# typical values (GPU util p50; mean step time, which ranks synchronized every step share) must
+# differ by at least one bin.
+IMBALANCE_MIN_VALUES = 20
+
+# -- Merging the records of several nodes (``gpufeed analyze DIR1 DIR2 ...``) -----------------------
+# Each node's times are put on node 0's clock by the nodes' wall clocks (meta.clock_offset_s). The
+# ranks' synchronized steps then measure what remains: NTP keeps hosts within a few milliseconds
+# of each other on a LAN, so a residual larger than this means a wall clock is wrong, and the
+# steps are used to align that node instead.
+CLOCK_RESIDUAL_CORRECT_S = 0.010
+# Steps count as synchronized across two ranks (a collective each step) when their request times
+# differ by a spread (interquartile range) under this share of the median step time.
+CLOCK_SYNC_SPREAD_SHARE = 0.25
+# Runs further apart than this by their wall clocks are not one job whose clock is wrong: two
+# separate jobs can look alike step by step, and must not be "aligned" onto each other. Five
+# minutes is far beyond the drift of any host that keeps time at all (NTP's panic threshold, past
+# which it stops correcting, is 1000 s; its usual step threshold is 128 ms).
+CLOCK_MAX_ERROR_S = 300.0
+
 # -- gpufeed tune -------------------------------------------------------------------------------------------------
 # Two throughputs closer than this (relative) are a tie, whatever the measured spread: loadtune
 # picks the fewest workers within 2% of the best, and Cachew accepts a 3% loss when scaling down.

@@ -153,3 +153,73 @@ def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list
         k += 1
     writer.write_many(lines)
     writer.close()
+
+
+# -- several ranks (torchrun) -------------------------------------------------------------------------
+@dataclass
+class RankSpec:
+    """One rank of a synthetic data-parallel job (num_workers=0, so its steps are all it writes)."""
+
+    wait_s: float = 0.0005            # per step, inside next(loader)
+    compute_s: float = 0.010          # per step, its own forward/backward
+    batch_size: int = 32
+    gpu_util: list[float] | None = None  # NVML readings of its GPU, cycled
+    end: str | None = "exit"          # its exit event's reason; None: no exit event (killed)
+
+
+def write_ddp_run(path: Path, ranks: list[RankSpec], steps: int = 100, synchronized: bool = True,
+                  hostname: str = "node0", rank_base: int = 0, world_size: int | None = None,
+                  t0: float = 1.0, clock_offset_s: float = 1.7e9, pid_base: int = MAIN_PID,
+                  stderr: str = "", end_reason: str = schema.END_COMPLETED) -> Path:
+    """A data-parallel job's record on one node. ``synchronized``: the ranks meet in an all-reduce at
+    the end of every step, so each step lasts as long as the slowest rank's wait plus compute."""
+    path.mkdir(parents=True, exist_ok=True)
+    world_size = world_size or len(ranks)
+    clocks = [t0] * len(ranks)
+    rows: list[list] = [[] for _ in ranks]
+    for k in range(steps):
+        if synchronized:
+            clocks = [max(clocks)] * len(ranks)
+        step_end = max(c + r.wait_s + r.compute_s for c, r in zip(clocks, ranks))
+        for i, r in enumerate(ranks):
+            rows[i].append([k, clocks[i], clocks[i] + r.wait_s, r.batch_size, None])
+            clocks[i] = step_end if synchronized else clocks[i] + r.wait_s + r.compute_s
+    t_end = max(clocks)
+    for i, r in enumerate(ranks):
+        pid = pid_base + i
+        events = JsonlWriter(path / schema.EVENTS_DIR / f"{pid}.jsonl")
+        events.write({"kind": "process", "pid": pid, "ppid": 1, "argv": ["train.py"], "t": 0.0,
+                      "rank": rank_base + i, "local_rank": i, "world_size": world_size, "torch_version": "2.13.0"})
+        config = {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "persistent_workers": False,
+                  "batch_size": r.batch_size, "drop_last": False, "dataset_type": "Synthetic",
+                  "dataset_len": r.batch_size * steps, "iterable": False, "sampler": "DistributedSampler",
+                  "batch_sampler": "BatchSampler", "multiprocessing_context": None}
+        events.write({"kind": "iterator", "pid": pid, "iter_id": 0, "loader_id": 0, "t_created": t0 - 0.05,
+                      "t_ready": t0 - 0.05, "worker_pids": [], "config": config})
+        events.write({"kind": "steps", "pid": pid, "iter_id": 0, "rows": rows[i]})
+        if r.end is not None:
+            events.write({"kind": "exit", "pid": pid, "t": t_end, "reason": r.end})
+        events.close()
+    samples = JsonlWriter(path / schema.SAMPLES_FILE)
+    lines, t, n = [], t0, 0
+    while t <= t_end:
+        gpus = [{"index": i, "util_pct": r.gpu_util[n % len(r.gpu_util)], "mem_used_b": 2**30,
+                 "mem_total_b": 16 * 2**30, "procs": {str(pid_base + i): 2**30}}
+                for i, r in enumerate(ranks) if r.gpu_util]
+        lines.append({"t": t, "cpu_pct": [40.0, 40.0], "iowait_pct": 0.0, "mem_used_b": 8 * 2**30,
+                      "mem_total_b": 24 * 2**30, "procs": [[pid_base + i, 1, 90.0, 6, "running", 2**29]
+                                                           for i in range(len(ranks))], "gpus": gpus})
+        t += 0.1
+        n += 1
+    samples.write_many(lines)
+    samples.close()
+    (path / schema.STDERR_FILE).write_text(stderr)
+    meta = schema.RunMeta(schema_version=schema.SCHEMA_VERSION, gpufeed_version="test", name=path.name,
+                          command=["torchrun", "train.py"], cwd=str(path), hostname=hostname, cpu_count=2,
+                          started_at_unix=clock_offset_s + t0, clock_offset_s=clock_offset_s, t_start=t0 - 0.1,
+                          t_end=t_end + 0.5, exit_code=0 if end_reason == schema.END_COMPLETED else 1,
+                          end_reason=end_reason, message="test", warmup_steps=10,
+                          sampler={"interval_s": 0.1, "samples": len(lines), "cpu_s": 0.0,
+                                   "gpu_error": None if any(r.gpu_util for r in ranks) else "NVML library not found"})
+    write_json_atomic(path / schema.META_FILE, meta.to_dict())
+    return path

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufeed import thresholds as th
-from gpufeed.analysis import rules
+from gpufeed.analysis import ranks, rules
 from gpufeed.analysis.findings import SEVERITY_ORDER, Diagnosis, Finding
-from gpufeed.analysis.metrics import Metrics, compute, loader_summaries
+from gpufeed.analysis.metrics import Metrics, loader_summaries
 from gpufeed.record.reader import RunRecord, load_run
 
 __all__ = ["analyze", "analyze_record", "Diagnosis", "Finding", "Metrics"]
@@ -22,18 +22,19 @@ def analyze(run_dir: str | Path) -> Diagnosis:
 
 def analyze_record(record: RunRecord) -> Diagnosis:
     loaders = loader_summaries(record)
-    metrics = compute(record, loaders)
-    ctx = rules.Context(record=record, metrics=metrics, training=next((s for s in loaders if s.training), None))
+    metrics, training = ranks.job_metrics(record, loaders)
+    ctx = rules.Context(record=record, metrics=metrics, training=training)
     findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
     # Ranked by the time they cost; findings that cost nothing measurable come last.
     findings.sort(key=lambda f: (-(f.cost_share or 0.0), SEVERITY_ORDER[f.severity]))
-    warnings = list(record.warnings)
+    warnings = list(record.warnings) + ranks.rank_warnings(record, metrics)
     if metrics.throughput_check:
         warnings.append(metrics.throughput_check)
     gpu_error = record.meta.sampler.get("gpu_error")
     return Diagnosis(
         bottleneck=primary_bottleneck(metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
         findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
+        run_dirs=[str(p.run_dir) for p in record.parts],
         gpu_available=bool(record.samples.gpus) or metrics.cuda_used,
         gpu_unavailable_reason=None if record.samples.gpus else gpu_error,
         run={"command": record.meta.command, "end_reason": record.meta.end_reason,

@@ -55,6 +55,7 @@ class Diagnosis:
     gpu_unavailable_reason: str | None
     run: dict[str, Any]              # command, end_reason, exit_code, message
     warnings: list[str] = field(default_factory=list)
+    run_dirs: list[str] = field(default_factory=list)  # a job merged from several nodes: all its runs
 
     def finding(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)
@@ -74,4 +75,5 @@ class Diagnosis:
             "gpu_unavailable_reason": self.gpu_unavailable_reason,
             "run": self.run,
             "warnings": self.warnings,
+            "run_dirs": self.run_dirs or [self.run_dir],
         }

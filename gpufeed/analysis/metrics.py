@@ -42,6 +42,8 @@ class Metrics:
 
     # the window
     wall_s: float | None = None
+    window_start_t: float | None = None       # the window on the record's clock (seconds)
+    window_end_t: float | None = None
     steps: int = 0
     warmup_steps: int = 0
     samples: int = 0
@@ -94,6 +96,11 @@ class Metrics:
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
     workers_needed: int | None = None            # workers that would keep up with the step, by rate
+    # several ranks (torchrun, or any launcher setting RANK): see ``analysis/ranks.py``. Then
+    # ``samples_per_s`` is the job's (all ranks) and the other step and loader numbers are the
+    # focus rank's: the one whose loader held the job back most.
+    focus_rank: int | None = None
+    ranks: list[Any] = field(default_factory=list)  # RankSummary, one per training process
 
     def to_dict(self) -> dict[str, Any]:
         return {k: json_safe(v) for k, v in asdict(self).items()}
@@ -104,6 +111,8 @@ def json_safe(value: Any) -> Any:
         return None
     if isinstance(value, list):
         return [json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (np.floating, np.integer)):
         return json_safe(value.item())
     return value
@@ -143,15 +152,19 @@ def _startup_s(it: IteratorRecord) -> float | None:
     return float(it.steps[0, 2] - it.t_created) if len(it.steps) else None
 
 
-def compute(record: RunRecord, loaders: list[LoaderSummary]) -> Metrics:
-    """Metrics of the run; ``loaders`` from ``loader_summaries(record)``."""
+def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSummary | None = None) -> Metrics:
+    """Metrics of the run; ``loaders`` from ``loader_summaries(record)``. ``training``: the loader to
+    measure the step by (default: the one marked training; one rank's, when several ranks ran)."""
     m = Metrics(cpu_count=record.meta.cpu_count, warmup_steps=record.meta.warmup_steps)
-    training = next((s for s in loaders if s.training), None)
+    if training is None:
+        training = next((s for s in loaders if s.training), None)
     window = None
     if training is not None and training.steps:
         its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
         window = _step_metrics(m, record, its)
         _loader_metrics(m, record, training, its, window)
+        if window is not None:
+            m.window_start_t, m.window_end_t = window
     if window is None and len(record.samples):
         window = (float(record.samples.t[0]), float(record.samples.t[-1]))
         m.wall_s = window[1] - window[0]

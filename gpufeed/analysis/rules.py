@@ -8,6 +8,7 @@ from typing import Callable
 from gpufeed import thresholds as th
 from gpufeed.analysis.findings import INFO, HIGH, Finding, severity_for
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
+from gpufeed.analysis.ranks import load_imbalance, straggler_rank
 from gpufeed.units import fmt
 from gpufeed.record.reader import RunRecord
 
@@ -54,6 +55,8 @@ def _others_sentence(m: Metrics) -> str:
 
 def _wait_sentence(m: Metrics) -> str:
     who = "The GPU" if m.cuda_used else "The training loop"
+    if m.focus_rank is not None:
+        who += f" of rank {m.focus_rank}"
     return (f"{who} waited for data {fmt(m.data_wait_share, '.0%')} of the time "
             f"(p50 step {fmt(m.step_time_p50_ms, '.0f')} ms, of which {fmt(m.data_wait_p50_ms, '.0f')} ms in next(loader))")
 
@@ -358,5 +361,5 @@ def host_idle_share(m: Metrics) -> float | None:
 RULES: tuple[Rule, ...] = (
     loader_stalled, too_few_workers, cpu_saturated, storage_latency, too_many_workers,
     thread_oversubscription, worker_restart, pageable_transfer, fluctuating_utilization, host_bound,
-    compute_bound, no_dataloader,
+    compute_bound, no_dataloader, straggler_rank, load_imbalance,
 )

@@ -252,7 +252,8 @@ def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, t
         waited = (meta.stall or {}).get("waited_s")
         return (f"The DataLoader delivered no batch for {waited:.0f} s, so the command was stopped; "
                 "see what each worker was doing below." if waited else "The DataLoader stalled.")
-    last = next((line.strip() for line in reversed(tail) if line.strip()), "")
+    # The last line that says something: launchers (torchrun) end their reports with a rule of "=".
+    last = next((line.strip() for line in reversed(tail) if line.strip(" =-*_\t")), "")
     if exit_code is not None and exit_code < 0:
         how = f"was killed by {signal.Signals(-exit_code).name}"
         if -exit_code == signal.SIGKILL:

@@ -99,7 +99,11 @@ def write_report(run_dir: Path, out: Path) -> Path:
     return build_report(Path(run_dir)).write(out)
 
 
-def build_report(path: Path) -> Report:
+def build_report(path: Path, *more_nodes: Path) -> Report:
+    """The report of a run, tune or batch-size directory; with ``more_nodes``, of one job's runs on
+    several nodes merged into one record (``record/merge.py``)."""
+    if more_nodes:
+        return _merged_report([path, *more_nodes])
     if not path.is_dir():
         raise RecordError(f"{path} is not a directory (expected a gpufeed run, tune or batch-size directory).")
     problems: list[str] = []
@@ -162,16 +166,39 @@ def _stand_in_meta(run_dir: Path) -> schema.RunMeta:
                           message=f"{schema.META_FILE} is missing or unreadable: how the run ended is unknown.")
 
 
+def _merged_report(paths: list[Path]) -> Report:
+    from gpufeed.record.merge import load_runs
+
+    problems: list[str] = []
+    try:
+        record = load_runs(paths)
+    except RecordError as error:
+        problems.append(str(error))
+        record = None
+    source = " + ".join(str(p) for p in paths)
+    runs = [_record_view(record, source, f"Job merged from {len(paths)} nodes")] if record is not None else []
+    html = _env.get_template("report.html").render(
+        source=source, problems=problems, runs=runs, tune=None, batch=None,
+        uplot_js=_static("uPlot.iife.min.js"), uplot_css=_static("uPlot.min.css"),
+        data={"runs": [r.charts for r in runs], "tune": None, "batch": None},
+    )
+    return Report(source=source, html=html, problems=problems, readable=bool(runs))
+
+
 def _run_view(run_dir: Path, title: str, problems: list[str]) -> RunView:
     record = _read_run(run_dir, problems)
     if record is None:  # the problem is on the page already
         return RunView(title=title, run_dir=str(run_dir), diagnosis=None, measured="", charts={})
+    return _record_view(record, str(run_dir), title)
+
+
+def _record_view(record: RunRecord, run_dir: str, title: str) -> RunView:
     diagnosis = analyze_record(record)
     console = Console(record=True, width=110, file=io.StringIO(), color_system=None)
     console.print(numbers_table(diagnosis))
     charts = {"timeline": _timeline(record, diagnosis), "histogram": _histogram(record, diagnosis)}
     stalled = diagnosis.finding("loader_stalled")
-    return RunView(title=title, run_dir=str(run_dir), diagnosis=diagnosis,
+    return RunView(title=title, run_dir=run_dir, diagnosis=diagnosis,
                    measured=console.export_text().rstrip(), charts=charts, notes=diagnosis.warnings,
                    stall=list(stalled.evidence.get("processes") or []) if stalled else [],
                    stacks=record.stacks() if stalled else {})

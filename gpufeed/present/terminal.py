@@ -51,6 +51,38 @@ def numbers_table(d: Diagnosis) -> Table:
     return table
 
 
+MAX_RANK_ROWS = 16  # a large job shows the ranks that wait for data most; the JSON has them all
+
+
+def ranks_table(d: Diagnosis) -> Table:
+    """One row per rank: where the step time went on each (several ranks only). Times are p50 in ms;
+    "sync" is compute above the rank with the shortest: time spent waiting for the others."""
+    ranks = d.metrics.ranks
+    if len(ranks) > MAX_RANK_ROWS:
+        shown = sorted(ranks, key=lambda r: -(r.data_wait_share or 0.0))[:MAX_RANK_ROWS]
+        ranks = [r for r in ranks if any(r is x for x in shown)]
+    hosts = len({r.host for r in ranks}) > 1
+    gpus = any(r.gpu_util_p50_pct is not None for r in ranks)
+    columns = [("rank", ""), ("host", "")] if hosts else [("rank", "")]
+    columns += [("steps", ""), ("samp/s", ""), ("wait", "share"), ("wait", "ms"), ("step", "ms"), ("p90", "ms"),
+                ("comp", "ms"), ("sync", "ms")] + ([("GPU", "util")] if gpus else []) + [("end", "")]
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    for name, _unit in columns:
+        table.add_column(name, justify="left" if name in ("rank", "host", "end") else "right")
+    table.add_row(*(unit for _name, unit in columns), style="dim")
+    for r in ranks:
+        end = f"exit {r.exit_code}" if r.exit_code not in (None, 0) else (r.end or "killed")
+        cells = [r.label.replace("rank ", "")] + ([r.host or NA] if hosts else [])
+        cells += [str(r.steps), fmt(r.samples_per_s, ",.0f"), fmt(r.data_wait_share, ".0%"),
+                  fmt(r.data_wait_p50_ms, ".1f"), fmt(r.step_time_p50_ms, ".1f"), fmt(r.step_time_p90_ms, ".1f"),
+                  fmt(r.compute_p50_ms, ".1f"), fmt(r.sync_wait_p50_ms, ".1f")]
+        cells += [fmt(r.gpu_util_p50_pct, ".0f", "%")] if gpus else []
+        table.add_row(*cells, end)
+    if len(d.metrics.ranks) > len(ranks):
+        table.caption = f"{len(ranks)} of {len(d.metrics.ranks)} ranks: those that waited most; --json has all"
+    return table
+
+
 def finding_block(index: int, f: Finding) -> Group:
     head = Text.assemble((f"{index}. ", "bold"), (f"{f.severity.upper():<6}", SEVERITY_STYLE[f.severity]),
                          (f" {f.id}", "bold"), "  ", f.message)
@@ -76,10 +108,16 @@ def render(d: Diagnosis, console: Console | None = None) -> None:
     bottleneck = (d.bottleneck or "unknown").upper()
     console.print(Text.assemble(("Bottleneck: ", "bold"), (bottleneck, "bold magenta")))
     console.print(Panel(numbers_table(d), title="measured", title_align="left", expand=False))
+    if len(d.metrics.ranks) > 1:
+        focus = f" (above: rank {d.metrics.focus_rank}'s; throughput: the job's)" \
+            if d.metrics.focus_rank is not None else " (throughput above: the job's)"
+        console.print(Panel(ranks_table(d), title=f"{len(d.metrics.ranks)} ranks{focus}", title_align="left",
+                            expand=False))
     if d.findings:
         console.print(Text("Findings, ranked by the time they cost:", style="bold"))
         for i, f in enumerate(d.findings, 1):
             console.print(finding_block(i, f))
     for w in d.warnings:
         console.print(Text(f"note: {w}", style="yellow"))
-    console.print(Text(f"Run record: {d.run_dir}  (gpufeed analyze {d.run_dir})", style="dim"))
+    dirs = " ".join(d.run_dirs or [d.run_dir])
+    console.print(Text(f"Run record{'s' if len(d.run_dirs) > 1 else ''}: {dirs}  (gpufeed analyze {dirs})", style="dim"))

@@ -92,6 +92,11 @@ class RunRecord:
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
     warnings: list[str]
     overrides: list[dict[str, Any]] = field(default_factory=list)  # DataLoader settings gpufeed applied
+    ends: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> its exit event (t, reason, exit_code, error)
+    # A record merged from several nodes' runs (``record/merge.py``): the runs it was made of, each
+    # on the merged clock; pids of run i are shifted by i * merge.PID_STRIDE (``pid_offset``).
+    parts: list["RunRecord"] = field(default_factory=list)
+    pid_offset: int = 0
 
     @property
     def worker_pids(self) -> set[int]:
@@ -168,7 +173,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
-    processes, stalls, exits, overrides = [], [], {}, []
+    processes, stalls, exits, ends, overrides = [], [], {}, {}, []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -181,6 +186,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             kind, pid = ev.get("kind"), ev.get("pid")
             key = (pid, ev.get("iter_id"))
             if kind == "process":
+                ev.setdefault("host", meta.hostname)
                 processes.append(ev)
             elif kind == "iterator":
                 iterators[key] = ev
@@ -202,6 +208,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 overrides.append(ev)
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
+                ends[pid] = ev
     if not (run_dir / schema.EVENTS_DIR).is_dir():
         warnings.append(f"no {schema.EVENTS_DIR}/ folder: nothing was recorded inside the command")
 
@@ -225,7 +232,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
-        stalls=stalls, exits=exits, warnings=warnings, overrides=overrides,
+        stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides,
     )
 
 

@@ -17,8 +17,8 @@ named ``*_pct``. A reading that could not be taken is ``null``, never 0.
 
 Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind``:
 
-``process``   pid, ppid, argv, rank, local_rank, world_size (null outside torchrun),
-              torch_version, t
+``process``   pid, ppid, argv, rank, local_rank, world_size (from torchrun's RANK etc., else
+              SLURM's, Open MPI's or PMI's variables; null when none is set), torch_version, t
 ``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
@@ -29,7 +29,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
 ``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
 ``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
-``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit")
+``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
+              uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception)
 
 Sample lines (``samples.jsonl``)::
 

@@ -41,6 +41,12 @@ ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a 
 ENV_MAX_SECONDS = "GPUFEED_MAX_SECONDS"      # end the process this long after the warm-up (tune trials)
 ENV_WARMUP_STEPS = "GPUFEED_WARMUP_STEPS"    # the warm-up ENV_MAX_SECONDS counts from
 
+# Where launchers put a process's rank: torchrun (and Lightning, accelerate, DeepSpeed) first, then
+# SLURM's srun, Open MPI's mpirun and MPICH/Intel MPI's PMI, for jobs launched without torchrun.
+RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
 FLUSH_INTERVAL_S = 1.0       # the issue's promise: flushed at least every second
 MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
 MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the oldest are dropped
@@ -122,6 +128,9 @@ class Probe:
         """(Re)start in the current process: at install, and in each forked DataLoader worker."""
         self._pid = os.getpid()
         self.pending = None  # a forked child is never inside its parent's next()
+        # How the process is ending, when it says so (sys.exit, an uncaught exception): for its exit event.
+        self.exit_code: int | None = None
+        self.exit_error: str | None = None
         # New in each process: a lock held by the parent's flushing thread at fork stays held in the child.
         self._lock = threading.Lock()
         self._events: list[dict] = []
@@ -167,7 +176,8 @@ class Probe:
             return
         self._stop.set()
         self.flush(final=True)
-        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason})
+        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason,
+                            "exit_code": self.exit_code, "error": self.exit_error})
         self._writer.close()
 
     # -- recording -----------------------------------------------------------------------------
@@ -586,18 +596,41 @@ def install_from_env() -> Probe | None:
                   warmup_steps=_env_int(ENV_WARMUP_STEPS) or 0)
     import torch
     probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
-                rank=_env_int("RANK"), local_rank=_env_int("LOCAL_RANK"), world_size=_env_int("WORLD_SIZE"),
+                rank=_env_int(*RANK_ENV), local_rank=_env_int(*LOCAL_RANK_ENV), world_size=_env_int(*WORLD_SIZE_ENV),
                 torch_version=getattr(torch, "__version__", None))  # torch may still be importing
     patch_torch(probe)
     overrides.patch_dataloader_init(loader_overrides, report=probe.event)
     atexit.register(probe.close)
     _flush_on_sigterm(probe)
+    _note_how_it_ends(probe)
     return probe
 
 
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value and value.lstrip("-").isdigit() else None
+def _note_how_it_ends(probe: Probe) -> None:
+    """Keep the exit code that sys.exit(n) or an uncaught exception gives the process, for its exit
+    event: under a launcher that reports no exit codes, a rank that dies is still named with its own.
+    (``raise SystemExit(n)`` bypasses both hooks: its exit code is then unknown.)"""
+    previous_hook, original_exit = sys.excepthook, sys.exit
+
+    def excepthook(kind, value, tb):
+        probe.exit_code, probe.exit_error = 1, f"{kind.__name__}: {value}"[:500]
+        previous_hook(kind, value, tb)
+
+    def exit(status=None):
+        probe.exit_code = status if isinstance(status, int) else (0 if status is None else 1)
+        original_exit(status)
+
+    exit.__doc__ = original_exit.__doc__
+    sys.excepthook, sys.exit = excepthook, exit
+
+
+def _env_int(*names: str) -> int | None:
+    """The first of these environment variables that holds a whole number."""
+    for name in names:
+        value = os.environ.get(name)
+        if value and value.lstrip("-").isdigit():
+            return int(value)
+    return None
 
 
 def _flush_on_sigterm(probe: Probe) -> None:
@@ -608,6 +641,7 @@ def _flush_on_sigterm(probe: Probe) -> None:
         return  # the user handles SIGTERM; leave it to them
 
     def on_sigterm(signum, frame):
+        probe.exit_code = -signal.SIGTERM
         probe.close(reason="sigterm")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
