@@ -31,7 +31,7 @@ def diagnose(out: Path, command: list[str], expect_exit: int = cli.EXIT_OK) -> d
     result = gpufeed(["diagnose", "--out", str(out), "--json", str(out.with_suffix(".json")), "--", *command],
                      cwd=out.parent)
     assert result.returncode == expect_exit, result.stdout + result.stderr
-    assert_nothing_left_running("ddp.py")
+    assert_nothing_left_running(str(DDP))
     diag = json.loads(out.with_suffix(".json").read_text())
     diag["_stdout"] = result.stdout
     return diag
@@ -215,3 +215,27 @@ def test_each_node_runs_diagnose_and_analyze_merges_them(tmp_path):
     result = gpufeed(["report", *map(str, nodes), "-o", str(html)], cwd=tmp_path)
     assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
     assert "Job merged from 2 nodes" in html.read_text() and "straggler_rank" in html.read_text()
+
+
+def test_tune_trials_run_the_whole_job_and_measure_its_throughput(tmp_path):
+    """gpufeed tune under torchrun: each trial is the whole distributed command; the ranks stop
+    together after the same number of steps; the throughput compared is the job's, all ranks'."""
+    from gpufeed.measure.inside.overrides import LoaderSettings
+    from gpufeed.record.reader import load_run
+    from gpufeed.tune.command import CommandTrials, TuneOptions
+
+    command = [*torchrun(), str(DDP), "--steps", "2000", "--workers", "1", *SLOW]
+    trials = CommandTrials(TuneOptions(command=command, out=tmp_path, seconds=1.0, warmup_steps=5))
+    first = trials(LoaderSettings(), "yours")
+    assert first.status == "ok", first.reason
+    trials.learn_from_baseline(first)
+    assert trials.distributed_steps, "several ranks: trials end on a step count, the same on every rank"
+    run = trials(LoaderSettings(num_workers=4, prefetch_factor=2, persistent_workers=False, pin_memory=False),
+                 "more workers")
+    assert run.status == "ok", run.reason
+    record = load_run(tmp_path / run.run_dir)
+    assert {it.config.num_workers for it in record.iterators} == {4}  # on both ranks
+    rates = [r.samples_per_s for r in run.diagnosis.metrics.ranks]
+    assert len(rates) == 2 and run.samples_per_s > 1.5 * max(rates)  # the job's, not one rank's
+    assert run.samples_per_s > first.samples_per_s  # the slow rank's storage needed more workers
+    assert_nothing_left_running(str(DDP))
