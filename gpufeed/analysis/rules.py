@@ -131,7 +131,7 @@ def storage_latency(ctx: Context) -> Finding | None:
         return None
     needed = max(m.workers_needed or 0, 2 * max(m.num_workers, 1))
     # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
-    suggested = min(needed, 16 * m.cpu_count)
+    suggested = min(needed, th.TUNE_MAX_WORKERS_PER_CORE * m.cpu_count)
     return Finding(
         id="storage_latency", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
         message=(f"{_wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {m.cpu_count} cores "
