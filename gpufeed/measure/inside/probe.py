@@ -167,7 +167,7 @@ class Probe:
             return
         self._stop.set()
         self.flush(final=True)
-        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason})
+        self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason, **memory_peaks()})
         self._writer.close()
 
     # -- recording -----------------------------------------------------------------------------
@@ -298,6 +298,44 @@ class Probe:
         self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
         self.flush()
         write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
+
+
+def memory_peaks() -> dict[str, int]:
+    """This process's memory high-water marks, read at exit (``gpufeed batch-size`` fits them).
+
+    The kernel's peak resident set: the sampler's 10 Hz readings miss a step's short peak. Once the
+    process uses CUDA (never initialised here), the caching allocator's peaks and the device's size.
+    """
+    peaks: dict[str, int] = {}
+    rss = _rss_peak_b()
+    if rss is not None:
+        peaks["rss_peak_b"] = rss
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and cuda.is_initialized():
+        try:
+            peaks["cuda_mem_peak_b"] = int(cuda.max_memory_allocated())
+            peaks["cuda_mem_reserved_peak_b"] = int(cuda.max_memory_reserved())
+            peaks["cuda_mem_total_b"] = int(cuda.get_device_properties(cuda.current_device()).total_memory)
+        except Exception:
+            pass  # a measurement never breaks the exit
+    return peaks
+
+
+def _rss_peak_b() -> int | None:
+    """VmHWM from /proc (Linux); else getrusage's ru_maxrss (kilobytes on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(maxrss if sys.platform == "darwin" else maxrss * 1024)
+    except (ImportError, OSError):
+        return None
 
 
 def _fixed_batch_size(loader: Any) -> int | None:
