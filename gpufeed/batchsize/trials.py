@@ -203,7 +203,7 @@ class BatchTrials:
         self.site = config.get("site")
         self.yours = int(config["batch_size"])
         self.dataset_len = None if config.get("iterable") else config.get("dataset_len")
-        peaks = record.memory_peaks.get(training.pid, {})
+        peaks = record.memory.get(training.pid, {})
         if "cuda_mem_total_b" in peaks:
             self.device, self.cuda_total_b = "cuda", peaks["cuda_mem_total_b"]
 
@@ -211,7 +211,7 @@ class BatchTrials:
         """The training process's peak: the allocator's reserved peak with CUDA, VmHWM on CPU."""
         if pid is None:
             return None
-        peaks = record.memory_peaks.get(pid, {})
+        peaks = record.memory.get(pid, {})
         if "cuda_mem_reserved_peak_b" in peaks:
             return peaks["cuda_mem_reserved_peak_b"]
         if "rss_peak_b" in peaks:

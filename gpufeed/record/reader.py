@@ -81,8 +81,8 @@ class RunRecord:
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
     warnings: list[str]
     overrides: list[dict[str, Any]] = field(default_factory=list)  # DataLoader settings gpufeed applied
-    # pid -> memory high-water marks written at exit (rss_peak_b, cuda_mem_peak_b, ...; see probe.memory_peaks)
-    memory_peaks: dict[int, dict[str, int]] = field(default_factory=dict)
+    # pid -> memory readings of the `memory` and `exit` events (uss_start_b, rss_peak_b, uss_b, cuda_mem_peak_b, ...)
+    memory: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -158,7 +158,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
-    processes, stalls, exits, overrides, peaks = [], [], {}, [], {}
+    processes, stalls, exits, overrides, memory = [], [], {}, [], {}
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -192,7 +192,9 @@ def load_run(run_dir: str | Path) -> RunRecord:
                 overrides.append(ev)
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
-                peaks[pid] = {k: v for k, v in ev.items() if k.endswith("_b") and isinstance(v, int)}
+            if kind in ("exit", "memory"):
+                readings = memory.setdefault(pid, {})
+                readings.update((k, v) for k, v in ev.items() if k.endswith("_b") and isinstance(v, int))
     if not (run_dir / schema.EVENTS_DIR).is_dir():
         warnings.append(f"no {schema.EVENTS_DIR}/ folder: nothing was recorded inside the command")
 
@@ -216,7 +218,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
-        stalls=stalls, exits=exits, warnings=warnings, overrides=overrides, memory_peaks=peaks,
+        stalls=stalls, exits=exits, warnings=warnings, overrides=overrides, memory=memory,
     )
 
 
