@@ -38,6 +38,7 @@ class Fit:
     r2: float
     linear: bool                         # r2 >= the threshold over at least three sizes
     points: int
+    residual_b: float = 0.0              # root-mean-square distance of the peaks from the line
 
     def predict(self, limit_b: float) -> int | None:
         """The largest batch whose predicted memory stays within ``limit_b``."""
@@ -47,7 +48,7 @@ class Fit:
 
     def to_dict(self) -> dict[str, Any]:
         return {"intercept_b": self.intercept_b, "per_sample_b": self.per_sample_b, "r2": self.r2,
-                "linear": self.linear, "points": self.points}
+                "linear": self.linear, "points": self.points, "residual_b": self.residual_b}
 
 
 @dataclass

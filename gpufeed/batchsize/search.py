@@ -8,7 +8,8 @@ straight line through a few measured peaks predicts the largest batch within the
 2. multiplies it by 4 while memory has barely grown (the process's fixed memory dominates the peaks);
 3. fits ``memory = a + b x batch`` by least squares over every measured peak and runs the
    predicted largest batch; each trial, fitting or not, refines the fit, until the prediction adds
-   no more than the tolerance over the largest size that fitted;
+   no more than the tolerance (or what the peaks' scatter around the line can resolve) over the
+   largest size that fitted;
 4. once three sizes show that memory is not linear (R^2 below the threshold), bisects between the
    largest size that fitted and the smallest that did not.
 
@@ -67,7 +68,8 @@ def fit_line(points: list[tuple[int, int]]) -> Fit | None:
     r2 = 1.0 - residual / total if total > 0 else 0.0
     distinct = len(set(x.tolist()))
     return Fit(intercept_b=float(intercept), per_sample_b=float(slope), r2=r2,
-               linear=distinct >= 3 and r2 >= th.BATCH_FIT_MIN_R2, points=distinct)
+               linear=distinct >= 3 and r2 >= th.BATCH_FIT_MIN_R2, points=distinct,
+               residual_b=(residual / len(x)) ** 0.5)
 
 
 class BatchSearch:
@@ -189,7 +191,9 @@ class BatchSearch:
         predicted = fit.predict(self.limit_b)
         if predicted is None:
             return self._bounded(2 * lo, lo, hi, "memory does not grow with the batch: double")
-        if predicted <= lo * (1 + self.tolerance):
+        # Within the tolerance, or within what the peaks' scatter around the line can resolve.
+        slack = max(self.tolerance * lo, 2 * fit.residual_b / fit.per_sample_b)
+        if predicted <= lo + slack:
             third = lo // 2  # two points always fit a line: check it on a third, cheap size
             if fit.points < 3 and third >= 1 and third not in self._sizes():
                 return third, "a third size, to check the line"
