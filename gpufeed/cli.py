@@ -8,7 +8,7 @@ Exit codes (also in the README):
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
   6  the run directory given to analyze cannot be read
-  7  tune: nothing to tune (the command never iterated a DataLoader)
+  7  tune, batch-size: nothing to tune (the command never iterated a DataLoader)
   8  batch-size: no batch size fits (fails at batch size 1, budget smaller than the model) or
      the batch size cannot be overridden (a custom batch_sampler)
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
@@ -242,6 +242,7 @@ def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int
 def _batch_size(command: list[str], args: argparse.Namespace, console: Console) -> int:
     from gpufeed.batchsize import (RESULT_FILE, BatchSizeOptions, NoTrainingLoader, NothingFits, NotOverridable,
                                    YourBatchFailed, find_batch_size)
+    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse
     from gpufeed.present.batch_size_view import TrialLines, render_batch_size
 
     out = _result_dir(args.out, "batch-size", command, RESULT_FILE)
@@ -254,6 +255,12 @@ def _batch_size(command: list[str], args: argparse.Namespace, console: Console) 
     lines = TrialLines(console)
     try:
         result = find_batch_size(options, on_trial=lines.finished, on_start=lines.started)
+    except CommandNotStarted as error:
+        _error(str(error))
+        return EXIT_NOT_STARTED
+    except RunDirInUse as error:
+        _error(f"{out} holds trials of an earlier search: choose another --out, or remove it first ({error})")
+        return EXIT_USAGE
     except NoTrainingLoader as error:
         _error(str(error))
         return EXIT_NOTHING_TO_TUNE

@@ -37,14 +37,16 @@ def test_finds_the_largest_batch_within_the_budget(tmp_path):
         assert (out / t["run_dir"] / "meta.json").exists()
     ok = [t for t in trials if t["status"] == "ok"]
     assert all(t["peak_mem_b"] <= limit for t in ok)
-    assert data["largest_safe"] == max(t["batch_size"] for t in ok)
+    failed = {t["batch_size"] for t in trials if t["status"] != "ok"}
+    assert data["largest_safe"] == max(t["batch_size"] for t in ok if t["batch_size"] not in failed)
+    assert [t["batch_size"] for t in trials].count(data["largest_safe"]) == 2  # confirmed by a second run
     # ~1.5 MiB a sample over ~330 MiB of torch: 450 MiB holds about 80
     assert 50 <= data["largest_safe"] <= 120
-    assert all(t["status"] != "ok" for t in trials if t["batch_size"] > data["largest_safe"])
+    assert all(t["batch_size"] in failed for t in trials if t["batch_size"] > data["largest_safe"])
     fit = data["fit"]
     assert fit["linear"] and fit["r2"] > 0.95 and fit["per_sample_b"] > 2**20
     assert data["knee"] in {t["batch_size"] for t in ok}
-    assert len(trials) <= 6
+    assert len(trials) <= 7
     assert "Largest safe batch" in result.stdout and "Knee" in result.stdout
 
 
@@ -68,3 +70,27 @@ def test_out_of_memory_is_recognised_narrowly():
     assert out_of_memory([], -9).startswith("killed by SIGKILL")
     assert out_of_memory(["ValueError: expected more memory-efficient input"], 1) is None
     assert out_of_memory(["RuntimeError: shape mismatch"], -15) is None
+
+
+def test_the_memory_guard_stops_a_process_above_the_budget(tmp_path):
+    import subprocess
+
+    from gpufeed.batchsize.trials import MemoryGuard
+    from gpufeed.record import schema
+    hog = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(300 << 20); time.sleep(30)"])
+    try:
+        (tmp_path / schema.EVENTS_DIR).mkdir()
+        (tmp_path / schema.EVENTS_DIR / f"{hog.pid}.jsonl").touch()
+        with MemoryGuard(tmp_path, 100 << 20) as guard:
+            hog.wait(timeout=10)
+        assert guard.killed is not None and guard.killed[0] == hog.pid and guard.killed[1] > 100 << 20
+        assert hog.returncode == -9
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def test_command_not_found(tmp_path):
+    result = gpufeed(["batch-size", "--out", str(tmp_path / "bs"), "--", "/nonexistent/train"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_NOT_STARTED
+    assert "Could not start" in result.stderr

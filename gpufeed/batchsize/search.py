@@ -7,11 +7,13 @@ straight line through a few measured peaks predicts the largest batch within the
    a size fits; batch size 1 not fitting ends the search with the reason;
 2. multiplies it by 4 while memory has barely grown (the process's fixed memory dominates the peaks);
 3. fits ``memory = a + b x batch`` by least squares over every measured peak and runs the
-   predicted largest batch; each trial, fitting or not, refines the fit, until the prediction adds
-   no more than the tolerance (or what the peaks' scatter around the line can resolve) over the
-   largest size that fitted;
+   predicted largest batch (aiming below the limit by twice the peaks' scatter around the line);
+   each trial, fitting or not, refines the fit, until the prediction adds no more than the
+   tolerance (or what that scatter can resolve) over the largest size that fitted;
 4. once three sizes show that memory is not linear (R^2 below the threshold), bisects between the
-   largest size that fitted and the smallest that did not.
+   largest size that fitted and the smallest that did not;
+5. runs the answer a second time: a size fits only if every run of it fitted (peaks are not
+   always reproducible); a failed repeat lowers the answer and the search goes on below it.
 
 Nothing is reported as safe that did not run and fit. It knows nothing of how a size is run:
 ``measure(batch_size, why)`` is given (a trial of a command in its own process, or a fake in tests).
@@ -75,7 +77,7 @@ def fit_line(points: list[tuple[int, int]]) -> Fit | None:
 class BatchSearch:
     def __init__(self, measure: Measure, limit_b: float, start: int, *, max_batch: int | None = None,
                  max_trials: int = th.BATCH_MAX_TRIALS, tolerance: float = th.BATCH_SEARCH_TOLERANCE,
-                 on_trial: Callable[[BatchTrial], None] | None = None) -> None:
+                 on_trial: Callable[[BatchTrial], None] | None = None, confirm: bool = True) -> None:
         if start < 1:
             raise ValueError(f"the starting batch size must be at least 1, got {start}")
         self.measure = measure
@@ -85,6 +87,7 @@ class BatchSearch:
         self.max_trials = max_trials
         self.tolerance = tolerance
         self.on_trial = on_trial
+        self.confirm = confirm
         self.trials: list[BatchTrial] = []
         self.method = "fit"
         self.notes: list[str] = []
@@ -96,9 +99,10 @@ class BatchSearch:
             self._find_one_that_fits()
             while True:
                 step = self._next()
-                if step is None:
+                if step is not None:
+                    self._try(*step)
+                elif not self._confirm():
                     break
-                self._try(*step)
         except _Stop as stop:
             stopped = stop.why
             if stop.why == "max_trials":
@@ -112,9 +116,9 @@ class BatchSearch:
                              largest_safe=self._lo(), method=self.method, stopped=stopped, notes=self.notes)
 
     # -- measuring ---------------------------------------------------------------------------------
-    def _try(self, batch: int, why: str) -> BatchTrial:
+    def _try(self, batch: int, why: str, again: bool = False) -> BatchTrial:
         done = next((t for t in self.trials if t.batch_size == batch), None)
-        if done is not None:
+        if done is not None and not again:
             return done
         if len(self.trials) >= self.max_trials:
             raise _Stop("max_trials")
@@ -130,9 +134,27 @@ class BatchSearch:
             raise _Stop("interrupted")
         return trial
 
+    def _confirm(self) -> bool:
+        """Run the answer once more, unless it already ran twice; True if it failed: search on below.
+
+        A peak is not always reproducible: cuDNN's benchmark mode picks algorithms (and their
+        workspace) per run, glibc's heap depends on the order of frees. A size fits only if every
+        run of it fitted, so a failed repeat lowers the answer and the search resumes below it.
+        """
+        lo = self._lo()
+        if not self.confirm or lo is None or sum(t.batch_size == lo for t in self.trials) > 1:
+            return False
+        repeat = self._try(lo, "run again to confirm", again=True)
+        if repeat.fits:
+            return False
+        self.notes.append(f"batch {lo} fitted once and not on a second run ({repeat.reason}): "
+                          "its peak is not reproducible, so the answer is a smaller size")
+        return True
+
     def _lo(self) -> int | None:
-        """The largest size that ran and fitted."""
-        return max((t.batch_size for t in self.trials if t.fits), default=None)
+        """The largest size that ran and fitted, every time it ran."""
+        failed = {t.batch_size for t in self.trials if not t.fits}
+        return max((t.batch_size for t in self.trials if t.fits and t.batch_size not in failed), default=None)
 
     def _hi(self) -> int | None:
         """The smallest size above the largest fitting one that did not fit (or failed)."""
@@ -174,9 +196,13 @@ class BatchSearch:
         if self.max_batch and lo >= self.max_batch:
             self.notes.append(f"the whole dataset ({self.max_batch} samples) fits in one batch")
             return None
-        if hi is not None and hi - lo <= max(1, math.floor(self.tolerance * lo)):
-            return None
         fit = self._fit()
+        # What the peaks' scatter around the line cannot resolve, in samples (a line that does not
+        # fit says nothing about the scatter).
+        noise = (2 * fit.residual_b / fit.per_sample_b
+                 if fit is not None and fit.per_sample_b > 0 and (fit.linear or fit.points < 3) else 0.0)
+        if hi is not None and hi - lo <= max(1, math.floor(self.tolerance * lo), noise):
+            return None
         peaks = [t.peak_mem_b for t in self.trials if t.peak_mem_b is not None]
         if fit is None:
             return self._bounded(4 * lo, lo, hi, "a second size for the fit")
@@ -188,12 +214,11 @@ class BatchSearch:
                 self.notes.append(f"memory is not linear in the batch size (R² {fit.r2:.3f} < "
                                   f"{th.BATCH_FIT_MIN_R2}): bisection on measured trials instead of the fit")
             return self._bounded(2 * lo if hi is None else (lo + hi) // 2, lo, hi, "bisect")
-        predicted = fit.predict(self.limit_b)
+        # Aim below the limit by the peaks' scatter: a size predicted right at it fails half the time.
+        predicted = fit.predict(self.limit_b - 2 * fit.residual_b)
         if predicted is None:
             return self._bounded(2 * lo, lo, hi, "memory does not grow with the batch: double")
-        # Within the tolerance, or within what the peaks' scatter around the line can resolve.
-        slack = max(self.tolerance * lo, 2 * fit.residual_b / fit.per_sample_b)
-        if predicted <= lo + slack:
+        if predicted <= lo + max(self.tolerance * lo, noise):
             third = lo // 2  # two points always fit a line: check it on a third, cheap size
             if fit.points < 3 and third >= 1 and third not in self._sizes():
                 return third, "a third size, to check the line"
