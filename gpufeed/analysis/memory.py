@@ -200,7 +200,8 @@ def worker_memory_growth(ctx) -> Finding | None:
         evidence={"workers": len(grown), "uss_growth_per_worker_b": per_worker, "uss_growth_total_b": total,
                   "worker_rss_max_b": rss, "samples_produced": produced,
                   "uss_growth_per_1k_samples_b": total / produced * 1000 if produced else None},
-        thresholds={"uss_growth_total_b": th.MEMORY_GROWTH_MIN_B, "uss_growth_share_of_rss": th.MEMORY_GROWTH_MIN_SHARE},
+        thresholds={"uss_growth_total_b": th.MEMORY_GROWTH_MIN_B,
+                    "uss_growth_share_of_rss": th.MEMORY_GROWTH_MIN_SHARE},
     )
 
 

@@ -49,10 +49,12 @@ def find_batch_size(options: BatchSizeOptions, on_trial: Callable[[BatchTrial], 
     outcome = search.run()
     if outcome.stopped == "interrupted" and outcome.largest_safe is None:
         raise KeyboardInterrupt
+    safe = outcome.largest_safe or 0
     result = BatchSizeResult(
         command=list(options.command), device=trials.device, capacity_b=int(capacity),
         target_share=options.target_share, trials=outcome.trials, fit=outcome.fit, predicted=outcome.predicted,
-        largest_safe=outcome.largest_safe, knee=knee(outcome.trials), method=outcome.method, site=trials.site,
+        largest_safe=outcome.largest_safe, knee=knee([t for t in outcome.trials if t.batch_size <= safe]),
+        method=outcome.method, site=trials.site,
         yours=trials.yours, max_batch=trials.dataset_len, stopped=outcome.stopped,
         elapsed_s=time.monotonic() - t0, notes=outcome.notes)
     save(result, options.out)

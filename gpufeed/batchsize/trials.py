@@ -81,7 +81,7 @@ def out_of_memory(stderr_tail: list[str], exit_code: int | None) -> str | None:
 
 
 class MemoryGuard:
-    """Kills a trial's instrumented process whose resident memory passes ``limit_b``."""
+    """Kills a trial's instrumented process (not a DataLoader worker) whose resident memory passes ``limit_b``."""
 
     def __init__(self, run_dir: Path, limit_b: int | None) -> None:
         self.events = run_dir / schema.EVENTS_DIR
@@ -102,15 +102,19 @@ class MemoryGuard:
 
     def _watch(self) -> None:
         while not self._stop.wait(GUARD_POLL_S) and self.killed is None:
-            for path in self.events.glob("*.jsonl") if self.events.is_dir() else ():
+            files = self.events.glob("*.jsonl") if self.events.is_dir() else ()
+            pids = {int(p.stem) for p in files if p.stem.isdigit()}
+            for pid in pids:
                 try:
-                    proc = psutil.Process(int(path.stem))
+                    proc = psutil.Process(pid)
+                    if proc.ppid() in pids:
+                        continue  # a DataLoader worker: its resident set counts pages shared with its parent
                     rss = proc.memory_info().rss
                     if rss > self.limit_b and proc.status() != psutil.STATUS_ZOMBIE:
                         self.killed = (proc.pid, rss)
                         proc.send_signal(signal.SIGKILL)
                         return
-                except (ValueError, psutil.NoSuchProcess, psutil.AccessDenied):
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
 
 

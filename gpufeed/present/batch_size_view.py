@@ -45,7 +45,8 @@ def render_batch_size(result: BatchSizeResult, console: Console, out_dir: Path |
                       Text(t.why if t.fits else (t.reason or t.why), style="dim" if t.fits else "red"))
     console.print(table)
     capacity = (f"{human_bytes(result.capacity_b)} ({'GPU memory' if result.device == 'cuda' else 'memory budget'})")
-    console.print(f"Capacity {capacity}, target {result.target_share:.0%}: {human_bytes(result.limit_b)}", highlight=False)
+    console.print(f"Capacity {capacity}, target {result.target_share:.0%}: {human_bytes(result.limit_b)}",
+                  highlight=False)
     fit = result.fit
     if fit is not None:
         line = (f"Fit: memory = {human_bytes(fit.intercept_b)} + {human_bytes(fit.per_sample_b)} × batch "
@@ -65,13 +66,16 @@ def render_batch_size(result: BatchSizeResult, console: Console, out_dir: Path |
     fastest = max((t for t in result.trials if t.fits and t.samples_per_s), key=lambda t: t.samples_per_s, default=None)
     if result.knee is not None and fastest is not None:
         console.print(f"Knee: throughput stops improving at batch {result.knee} "
-                      f"(within {th.BATCH_KNEE_TOLERANCE:.0%} of the best, {fastest.samples_per_s:,.0f} samples/s at batch "
-                      f"{fastest.batch_size}): larger is not always faster.", highlight=False)
+                      f"(within {th.BATCH_KNEE_TOLERANCE:.0%} of the best, {fastest.samples_per_s:,.0f} samples/s "
+                      f"at batch {fastest.batch_size}): larger is not always faster.", highlight=False)
     if safe is not None:
         where = f" at {result.site}" if result.site else ""
         console.print(Text.assemble(("Use: ", "bold green"), f"DataLoader(..., batch_size={safe.batch_size}){where}",
                                     ("  and scale the learning rate with the batch (e.g. linearly, with warm-up)",
                                      "dim")))
+        if result.knee is not None and result.knee < safe.batch_size:
+            console.print(f"     or batch_size={result.knee}: as fast on this machine, with less memory.",
+                          highlight=False)
     for note in result.notes:
         console.print(Text(f"note: {note}", style="dim"))
     console.print(Text(f"note: {len(result.trials)} trials, {result.elapsed_s:.0f} s", style="dim"))
