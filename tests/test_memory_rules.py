@@ -119,6 +119,20 @@ def test_memory_growth_on_cuda_reads_allocated_memory(tmp_path):
     assert f.evidence["per_step_b"] == pytest.approx(5 * MiB)
 
 
+def test_memory_growth_counts_steps_across_epochs(tmp_path):
+    run = run_of(tmp_path, cuda=True, gpu_util_pattern=BUSY_GPU, epochs=3, steps_per_epoch=60)
+
+    def leak(line):  # step indices restart each epoch; memory does not
+        if line.get("kind") == "cuda":
+            for row in line["rows"]:
+                row[2] = 1 * GiB + (line["iter_id"] * 60 + row[0]) * 2 * MiB
+        return line
+    rewrite(run / schema.EVENTS_DIR / f"{MAIN_PID}.jsonl", leak)
+    f = analyze(run).finding("memory_growth")
+    assert f is not None and f.evidence["per_step_b"] == pytest.approx(2 * MiB)
+    assert f.evidence["r2"] > 0.99
+
+
 def test_memory_growth_quiet_for_a_sawtooth(tmp_path):
     run = run_of(tmp_path, cuda=True, gpu_util_pattern=BUSY_GPU)
 

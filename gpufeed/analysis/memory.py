@@ -132,12 +132,14 @@ def training_growth(ctx) -> Growth | None:
     steps = steps[np.argsort(steps[:, 2])]
     warmup = min(ctx.metrics.warmup_steps, max(len(steps) - 2, 0))
     t0 = steps[warmup, 1] if len(steps) > warmup else np.inf
-    cuda = [it.cuda for it in its if len(it.cuda)]
-    if cuda:
-        rows = np.concatenate(cuda)
-        rows = rows[(rows[:, 0] >= warmup) & np.isfinite(rows[:, 2])]
+    if any(len(it.cuda) for it in its):
+        # Step indices restart with each epoch's iterator: number the steps across the run.
+        offsets = np.cumsum([0] + [len(it.steps) for it in its[:-1]])
+        rows = np.concatenate([np.column_stack([it.cuda[:, 0] + offset, it.cuda[:, 2]])
+                               for it, offset in zip(its, offsets) if len(it.cuda)])
+        rows = rows[(rows[:, 0] >= warmup) & np.isfinite(rows[:, 1])]
         order = np.argsort(rows[:, 0])
-        return _line(rows[order, 0], rows[order, 2], "allocated CUDA memory")
+        return _line(rows[order, 0], rows[order, 1], "allocated CUDA memory")
     s = ctx.record.samples
     times, rss = [], []
     for i in np.flatnonzero(s.t >= t0):
