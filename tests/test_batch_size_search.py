@@ -103,6 +103,13 @@ def test_a_crash_below_the_limit_is_never_reported_safe():
     assert all(t.status == OOM for t in out.trials if t.batch_size > 200)
 
 
+def test_a_failure_before_a_second_peak_is_bisected():
+    model = Model(crash_above=20)   # x4 from 8 fails without a peak: no line yet
+    out = search(model, 0.9 * 1024 * MiB, 8)
+    assert out.largest_safe == 20
+    assert len(out.trials) <= 7, [t.batch_size for t in out.trials]
+
+
 def test_the_own_batch_too_large_is_scaled_down():
     model = Model()
     out = search(model, 0.5 * 1024 * MiB, 4096)

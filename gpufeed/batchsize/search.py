@@ -204,7 +204,9 @@ class BatchSearch:
         if hi is not None and hi - lo <= max(1, math.floor(self.tolerance * lo), noise):
             return None
         peaks = [t.peak_mem_b for t in self.trials if t.peak_mem_b is not None]
-        if fit is None:
+        if fit is None:  # one measured peak: a second size, or halfway to one that failed without a peak
+            if hi is not None:
+                return self._bounded((lo + hi) // 2, lo, hi, "bisect: no second peak to fit yet")
             return self._bounded(4 * lo, lo, hi, "a second size for the fit")
         if max(peaks) - min(peaks) < th.BATCH_FIT_MIN_SPREAD_SHARE * self.limit_b:
             return self._bounded(4 * lo, lo, hi, "memory barely grew so far: x4")

@@ -179,9 +179,7 @@ class BatchTrials:
             trial.status = OK
             trial.peak_mem_b = self._peak(record, training.pid if training else None)
             trial.samples_per_s = diagnosis.metrics.samples_per_s
-            trial.reason = self._not_applied(record, training, batch_size)
-            if trial.reason:
-                trial.status = FAILED
+            self._check_applied(record, training, batch_size, self.site)
         else:
             oom = out_of_memory(meta.stderr_tail, meta.exit_code)
             trial.status, trial.reason = (OOM, oom) if oom else (FAILED, meta.message)
@@ -224,19 +222,19 @@ class BatchTrials:
         return max(sampled, default=None)  # no exit event: the sampler's 10 Hz maximum, a lower bound
 
     @staticmethod
-    def _not_applied(record: RunRecord, training, batch_size: int | None) -> str | None:
-        """Why the trial did not run the batch size it asked for."""
+    def _check_applied(record: RunRecord, training, batch_size: int | None, site: str | None) -> None:
+        """Raises ``NotOverridable`` when the trial did not run the batch size it asked for."""
         if batch_size is None:
-            return None
+            return
         refused = next((o["refused"]["batch_size"] for o in record.overrides
                         if (o.get("refused") or {}).get("batch_size")), None)
         if refused:
             raise NotOverridable(f"the batch size cannot be overridden: {refused}.")
         got = training.config.get("batch_size") if training is not None else None
-        if got != batch_size:
-            return (f"the batch size did not reach the training DataLoader (it ran with batch_size={got}): "
-                    "was it built at another line?")
-        return None
+        if got != batch_size:  # the loader was built elsewhere this time (the script changed?): no trial can work
+            raise NotOverridable(f"the batch size did not reach the training DataLoader (it ran with "
+                                 f"batch_size={got}, not {batch_size}): was it built at another line than "
+                                 f"{site}, or was the script edited during the search?")
 
 
 def available_ram_b() -> int:

@@ -6,7 +6,7 @@ the model) plus about ``--layers`` x 0.5 MiB per sample, while the compute stays
 gpufeed stops it (or ``--epochs`` end).
 
     python batch_memory.py [--batch-size 16] [--layers 6] [--side 64] [--epochs 1000]
-                           [--batch-sampler] [--oom] [--leak] [--val]
+                           [--batch-sampler] [--oom] [--leak] [--val] [--device cuda]
 
 ``--batch-sampler`` passes a custom batch_sampler (the batch size cannot be overridden);
 ``--oom`` asks for an impossible tensor every step (fails at any batch size, even 1);
@@ -56,7 +56,9 @@ def main() -> None:
     p.add_argument("--oom", action="store_true")
     p.add_argument("--leak", action="store_true")
     p.add_argument("--val", action="store_true", help="also build a validation loader (never overridden)")
+    p.add_argument("--device", default="cpu")
     args = p.parse_args()
+    device = torch.device(args.device)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     data = Maps(args.samples, args.side)
@@ -66,13 +68,14 @@ def main() -> None:
     else:
         loader = DataLoader(data, batch_size=args.batch_size, shuffle=True)
     val = DataLoader(Maps(64, args.side), batch_size=8) if args.val else None
-    model = WideActivations(args.layers)
+    model = WideActivations(args.layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     kept = []
     for _ in range(args.epochs):
         for x, y in loader:
-            if args.oom:
-                torch.empty(1 << 60, dtype=torch.uint8)  # "DefaultCPUAllocator: can't allocate memory"
+            x, y = x.to(device), y.to(device)
+            if args.oom:  # "DefaultCPUAllocator: can't allocate memory" / "CUDA out of memory"
+                torch.empty(1 << 60, dtype=torch.uint8, device=device)
             loss = nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward(retain_graph=args.leak)
@@ -82,7 +85,7 @@ def main() -> None:
         if val is not None:
             with torch.no_grad():
                 for x, _ in val:
-                    model(x)
+                    model(x.to(device))
 
 
 if __name__ == "__main__":
