@@ -17,6 +17,11 @@ from gpufeed.batchsize.trials import BatchSizeOptions, BatchTrials, available_ra
 from gpufeed.record.writer import write_json_atomic
 
 RESULT_FILE = "batch_size.json"
+# Seen on this project's CPU workloads (docs/memory.md, bench/results/batch_size.md).
+CPU_HEAP_NOTE = ("on CPU, glibc's malloc serves tensors smaller than its dynamic mmap threshold (up to 32 MiB) "
+                 "from a heap whose peak depends on the order of frees: peaks vary between runs and are not "
+                 "monotonic in the batch size. MALLOC_MMAP_THRESHOLD_=131072 in the environment (or jemalloc / "
+                 "tcmalloc) makes them predictable")
 
 
 def find_batch_size(options: BatchSizeOptions, on_trial: Callable[[BatchTrial], None] | None = None,
@@ -49,6 +54,8 @@ def find_batch_size(options: BatchSizeOptions, on_trial: Callable[[BatchTrial], 
     outcome = search.run()
     if outcome.stopped == "interrupted" and outcome.largest_safe is None:
         raise KeyboardInterrupt
+    if trials.device == "cpu" and (outcome.unrepeatable or outcome.method == "search"):
+        outcome.notes.append(CPU_HEAP_NOTE)
     safe = outcome.largest_safe or 0
     result = BatchSizeResult(
         command=list(options.command), device=trials.device, capacity_b=int(capacity),

@@ -56,6 +56,7 @@ class SearchOutcome:
     method: str                          # fit | search
     stopped: str | None = None           # None, "max_trials" or "interrupted"
     notes: list[str] = field(default_factory=list)
+    unrepeatable: list[int] = field(default_factory=list)  # sizes that fitted once, then not
 
 
 def fit_line(points: list[tuple[int, int]]) -> Fit | None:
@@ -91,6 +92,7 @@ class BatchSearch:
         self.trials: list[BatchTrial] = []
         self.method = "fit"
         self.notes: list[str] = []
+        self.unrepeatable: list[int] = []
 
     # -- public ------------------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
@@ -113,7 +115,8 @@ class BatchSearch:
         if predicted is not None and self.max_batch:
             predicted = min(predicted, self.max_batch)
         return SearchOutcome(trials=list(self.trials), fit=fit, predicted=predicted,
-                             largest_safe=self._lo(), method=self.method, stopped=stopped, notes=self.notes)
+                             largest_safe=self._lo(), method=self.method, stopped=stopped, notes=self.notes,
+                             unrepeatable=self.unrepeatable)
 
     # -- measuring ---------------------------------------------------------------------------------
     def _try(self, batch: int, why: str, again: bool = False) -> BatchTrial:
@@ -147,6 +150,7 @@ class BatchSearch:
         repeat = self._try(lo, "run again to confirm", again=True)
         if repeat.fits:
             return False
+        self.unrepeatable.append(lo)
         self.notes.append(f"batch {lo} fitted once and not on a second run ({repeat.reason}): "
                           "its peak is not reproducible, so the answer is a smaller size")
         return True
