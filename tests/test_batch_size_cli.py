@@ -23,12 +23,15 @@ def batch_size(tmp_path: Path, *script_args: str, budget: str = "500M", expect_e
     return result, out
 
 
-def test_finds_the_largest_batch_within_the_budget(tmp_path):
-    result, out = batch_size(tmp_path)
+def test_finds_the_largest_batch_within_the_budget(tmp_path, monkeypatch):
+    # glibc's heap makes CPU peaks vary from run to run below its dynamic mmap threshold (see
+    # docs/memory.md, where the bench shows it); a fixed threshold makes them repeatable.
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    result, out = batch_size(tmp_path, budget="450M")
     data = json.loads((tmp_path / "bs.json").read_text())
     assert data == json.loads((out / "batch_size.json").read_text())
     assert data["schema"] == "gpufeed.batch_size/1" and data["device"] == "cpu"
-    assert data["capacity_b"] == 500 * 2**20 and data["target_share"] == 0.9
+    assert data["capacity_b"] == 450 * 2**20 and data["target_share"] == 0.9
     limit = 0.9 * data["capacity_b"]
     trials = data["trials"]
     assert trials[0]["batch_size"] == 16 and trials[0]["why"] == "your batch size"
@@ -40,11 +43,12 @@ def test_finds_the_largest_batch_within_the_budget(tmp_path):
     failed = {t["batch_size"] for t in trials if t["status"] != "ok"}
     assert data["largest_safe"] == max(t["batch_size"] for t in ok if t["batch_size"] not in failed)
     assert [t["batch_size"] for t in trials].count(data["largest_safe"]) == 2  # confirmed by a second run
-    # ~1.5 MiB a sample over ~330 MiB of torch: 450 MiB holds about 80
-    assert 50 <= data["largest_safe"] <= 120
+    # ~0.6 MiB a sample over ~320 MiB of torch: 405 MiB holds about 150
+    assert 60 <= data["largest_safe"] <= 300
+    assert data["largest_safe"] >= 0.9 * data["predicted"]
     assert all(t["batch_size"] in failed for t in trials if t["batch_size"] > data["largest_safe"])
     fit = data["fit"]
-    assert fit["linear"] and fit["r2"] > 0.95 and fit["per_sample_b"] > 2**20
+    assert fit["linear"] and fit["r2"] > 0.98 and fit["per_sample_b"] > 2**18
     assert data["knee"] in {t["batch_size"] for t in ok}
     assert len(trials) <= 7
     assert "Largest safe batch" in result.stdout and "Knee" in result.stdout
