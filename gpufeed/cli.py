@@ -265,10 +265,10 @@ def _batch_size(command: list[str], args: argparse.Namespace, console: Console) 
         _error(str(error))
         return EXIT_NOTHING_TO_TUNE
     except (NotOverridable, NothingFits) as error:
-        _error(f"{error} (trials: {out})")
+        _error(f"{str(error).rstrip('.')} (trials: {out}).")
         return EXIT_NO_BATCH_SIZE
     except YourBatchFailed as error:
-        _error(f"{error} (trials: {out})")
+        _error(f"{str(error).rstrip('.')} (trials: {out}).")
         return EXIT_COMMAND_FAILED
     render_batch_size(result, console, out)
     _copy_result(out / RESULT_FILE, args.json, console)

@@ -67,6 +67,12 @@ def test_fails_at_batch_size_1(tmp_path):
     assert "DefaultCPUAllocator" in result.stderr
 
 
+def test_a_budget_smaller_than_the_model(tmp_path):
+    result, _ = batch_size(tmp_path, budget="120M", expect_exit=cli.EXIT_NO_BATCH_SIZE)
+    assert "the memory budget is smaller than the model" in result.stderr
+    assert "stopped by gpufeed" in result.stderr  # the guard, at 120 MiB of resident memory
+
+
 def test_out_of_memory_is_recognised_narrowly():
     assert out_of_memory(["Traceback", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"], 1)
     assert out_of_memory(["RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried"], 1)

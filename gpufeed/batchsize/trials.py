@@ -28,6 +28,7 @@ import psutil
 from gpufeed import thresholds as th
 from gpufeed.analysis import analyze_record
 from gpufeed.batchsize.result import FAILED, OK, OOM, BatchTrial
+from gpufeed.batchsize.search import NothingFits
 from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Overrides
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
@@ -191,6 +192,10 @@ class BatchTrials:
         training = next((s for s in loaders if s.training), None)
         where = f" (run record: {self.options.out / trial.run_dir})" if trial.run_dir else ""
         if training is None:
+            if trial.status == OOM:
+                raise NothingFits(f"the command ran out of memory before its training DataLoader gave a first "
+                                  f"batch ({trial.reason}): the memory budget is smaller than the model and the "
+                                  f"process need without any batch")
             if trial.status == OK:
                 raise NoTrainingLoader(f"the command never iterated a torch DataLoader, so there is no batch "
                                        f"size to search{where}.")
@@ -201,7 +206,7 @@ class BatchTrials:
             why = ("the script passes its own batch_sampler, which fixes the batch size"
                    if config.get("batch_sampler") else "the script turns automatic batching off (batch_size=None)")
             raise NotOverridable(f"the batch size of the training DataLoader (built at {config.get('site')}) "
-                                 f"cannot be overridden: {why}. Give it a batch_size instead to search it{where}.")
+                                 f"cannot be overridden: {why}. Give it a batch_size instead to search it")
         self.site = config.get("site")
         self.yours = int(config["batch_size"])
         self.dataset_len = None if config.get("iterable") else config.get("dataset_len")
