@@ -184,6 +184,6 @@ def test_copy_on_read_cured_by_an_array(tmp_path):
 
 def test_a_loss_kept_with_its_graph_is_a_leak(tmp_path):
     from tests.test_cli import diagnose
-    diag = diagnose(tmp_path, "batch_memory.py", "--side", "32", "--leak", options=("--steps", "30"))
+    diag = diagnose(tmp_path, "batch_memory.py", "--side", "32", "--leak", options=("--steps", "60"))
     f = next(f for f in diag["findings"] if f["id"] == "memory_growth")
     assert f["evidence"]["per_step_b"] > 4 * MiB and f["evidence"]["memory"] == "resident memory"
