@@ -1,5 +1,5 @@
-"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``tune``, ``run``, ``demo``, ``report``, ``trace``
-and ``watch``.
+"""The ``gpufeed`` command line: ``diagnose``, ``analyze``, ``tune``, ``batch-size``, ``run``, ``demo``,
+``report``, ``trace`` and ``watch``.
 
 Exit codes (also in the README):
   0  diagnosed (the command finished, or was stopped after --steps)
@@ -9,7 +9,9 @@ Exit codes (also in the README):
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
   6  the run directory given to analyze, report, trace or watch cannot be read
-  7  tune: nothing to tune (the command never iterated a DataLoader)
+  7  tune, batch-size: nothing to tune (the command never iterated a DataLoader)
+  8  batch-size: no batch size fits (fails at batch size 1, budget smaller than the model) or
+     the batch size cannot be overridden (a custom batch_sampler)
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gpufeed._version import __version__
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOT_STARTED = 0, 1, 2, 3
 EXIT_COMMAND_FAILED, EXIT_STALLED, EXIT_BAD_RECORD, EXIT_INTERRUPTED = 4, 5, 6, 130
 EXIT_NOTHING_TO_TUNE = 7
+EXIT_NO_BATCH_SIZE = 8
 
 EXIT_FOR_END = {"completed": EXIT_OK, "steps_reached": EXIT_OK, "failed": EXIT_COMMAND_FAILED,
                 "stalled": EXIT_STALLED, "interrupted": EXIT_INTERRUPTED}
@@ -53,6 +56,25 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _size(text: str) -> int:
+    """Bytes from ``512M``, ``1.5G``, ``8GiB`` or a plain number of bytes."""
+    import re
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"must be a size like 512M or 8G, got {text!r}")
+    value = float(match.group(1)) * 1024 ** " KMGT".index(match.group(2).upper() or " ")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive size, got {text!r}")
+    return int(value)
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text}")
     return value
 
 
@@ -128,6 +150,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
+    p = sub.add_parser("batch-size", help="find the largest batch that fits in memory, by short trials",
+                       usage="gpufeed batch-size [options] -- CMD [ARGS...]", epilog=exit_codes,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--memory-budget", type=_size, metavar="SIZE",
+                   help="CPU: the memory the training process may use, e.g. 8G or 512M (default: the RAM "
+                        "available now); CUDA: ignored, the GPU's memory is the capacity")
+    p.add_argument("--target", type=_share, default=th.BATCH_TARGET_SHARE, metavar="SHARE",
+                   help=f"share of the capacity the batch may use (default {th.BATCH_TARGET_SHARE:g})")
+    p.add_argument("--trial-seconds", type=_positive_float, default=th.BATCH_TRIAL_SECONDS, metavar="SECONDS",
+                   help=f"measured time per trial, after the warm-up (default {th.BATCH_TRIAL_SECONDS:g})")
+    p.add_argument("--warmup", type=_non_negative_int, default=th.BATCH_TRIAL_WARMUP_STEPS, metavar="N",
+                   help=f"steps left out of each trial's throughput (default {th.BATCH_TRIAL_WARMUP_STEPS})")
+    p.add_argument("--max-trials", type=_positive_int, default=th.BATCH_MAX_TRIALS, metavar="N",
+                   help=f"most trials to run (default {th.BATCH_MAX_TRIALS})")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="batch-size directory: trials, batch_size.json (default ./gpufeed-runs/<timestamp>-batch-size-<name>/)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the result (batch_size.json) to FILE")
+    _add_report_option(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
+
     p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
                        usage="gpufeed run --config FILE -- CMD [ARGS...]")
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
@@ -181,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = command[1:]
         if args.verb == "tune":
             return _tune(command, args, console)
+        if args.verb == "batch-size":
+            return _batch_size(command, args, console)
         if args.verb == "run":
             return _run(command, args)
         return _diagnose(command, args, console)
@@ -247,17 +291,12 @@ def _write_report(directory: Path, report: Path | bool | None, console: Console)
 
 
 def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.measure.runner import default_run_dir
     from gpufeed.present.tune_view import TrialProgress, render_tune
     from gpufeed.tune import BaselineFailed, NoDataLoader, TuneOptions, tune_command
     from gpufeed.tune.command import TUNE_FILE
 
-    if not command:
-        _error("give the training command after --, e.g. gpufeed tune -- python train.py")
-        return EXIT_USAGE
-    out = args.out or default_run_dir(["tune-" + _command_name(command)])
-    if (out / TUNE_FILE).exists():
-        _error(f"{out} already holds a tune: choose another --out, or remove it first.")
+    out = _result_dir(args.out, "tune", command, TUNE_FILE)
+    if out is None:
         return EXIT_USAGE
     options = TuneOptions(command=command, out=out, budget_s=args.budget, seconds=args.trial_seconds,
                           warmup_steps=args.warmup, max_workers=args.max_workers,
@@ -273,12 +312,68 @@ def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int
         _error(str(error))
         return EXIT_COMMAND_FAILED
     render_tune(result, console, out)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text((out / TUNE_FILE).read_text())
-        console.print(f"Result written to {args.json}", style="dim")
+    _copy_result(out / TUNE_FILE, args.json, console)
     _write_report(out, args.report, console)
     return EXIT_INTERRUPTED if result.stopped == "interrupted" else EXIT_OK
+
+
+def _batch_size(command: list[str], args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.batchsize import (RESULT_FILE, BatchSizeOptions, NoTrainingLoader, NothingFits, NotOverridable,
+                                   YourBatchFailed, find_batch_size)
+    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse
+    from gpufeed.present.batch_size_view import TrialLines, render_batch_size
+
+    out = _result_dir(args.out, "batch-size", command, RESULT_FILE)
+    if out is None:
+        return EXIT_USAGE
+    options = BatchSizeOptions(command=command, out=out, memory_budget_b=args.memory_budget,
+                               target_share=args.target, seconds=args.trial_seconds, warmup_steps=args.warmup,
+                               max_trials=args.max_trials)
+    console.print(f"Searching the largest batch size of: {' '.join(command)}", highlight=False)
+    lines = TrialLines(console)
+    try:
+        result = find_batch_size(options, on_trial=lines.finished, on_start=lines.started)
+    except CommandNotStarted as error:
+        _error(str(error))
+        return EXIT_NOT_STARTED
+    except RunDirInUse as error:
+        _error(f"{out} holds trials of an earlier search: choose another --out, or remove it first ({error})")
+        return EXIT_USAGE
+    except NoTrainingLoader as error:
+        _error(str(error))
+        return EXIT_NOTHING_TO_TUNE
+    except (NotOverridable, NothingFits) as error:
+        _error(f"{str(error).rstrip('.')} (trials: {out}).")
+        return EXIT_NO_BATCH_SIZE
+    except YourBatchFailed as error:
+        _error(f"{str(error).rstrip('.')} (trials: {out}).")
+        return EXIT_COMMAND_FAILED
+    render_batch_size(result, console, out)
+    _copy_result(out / RESULT_FILE, args.json, console)
+    _write_report(out, args.report, console)
+    return EXIT_INTERRUPTED if result.stopped == "interrupted" else EXIT_OK
+
+
+def _result_dir(out: Path | None, verb: str, command: list[str], result_file: str) -> Path | None:
+    """``--out``, or a new ``./gpufeed-runs/<timestamp>-<verb>-<name>/``; None (said why) without a
+    command or when the directory already holds a result."""
+    from gpufeed.measure.runner import default_run_dir
+    if not command:
+        _error(f"give the training command after --, e.g. gpufeed {verb} -- python train.py")
+        return None
+    out = out or default_run_dir([f"{verb}-{_command_name(command)}"])
+    if (out / result_file).exists():
+        _error(f"{out} already holds a {verb} result: choose another --out, or remove it first.")
+        return None
+    return out
+
+
+def _copy_result(result: Path, path: Path | None, console: Console) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(result.read_text())
+    console.print(f"Result written to {path}", style="dim")
 
 
 def _command_name(command: list[str]) -> str:

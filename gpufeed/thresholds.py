@@ -128,3 +128,46 @@ TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
 TUNE_PREFETCH_CHOICES = (2, 4)
 # A trial with no batch for this long is stopped as hung.
 TUNE_STALL_TIMEOUT_S = 30.0
+
+# -- Memory (analysis/memory.py, gpufeed batch-size) ---------------------------------------------------
+# allocator_cache: what nvidia-smi shows is mostly the caching allocator's free blocks once reserved
+# memory is 1.5x the peak of live tensors and the difference is worth a user's attention (1 GiB,
+# or 10% of the device): below that the cache is ordinary allocator slack.
+ALLOCATOR_CACHE_RATIO = 1.5
+ALLOCATOR_CACHE_MIN_B = 2**30
+ALLOCATOR_CACHE_MIN_SHARE = 0.10
+# batch_too_small: the run's peak used less than half of the device, so at least twice the batch
+# fits (memory = a + b x batch, a > 0); SageMaker's BatchSize rule also asks for GPU utilization
+# p95 < 70% (a busy GPU gains little from a larger batch).
+BATCH_HEADROOM_MAX_SHARE = 0.5
+BATCH_HEADROOM_GPU_UTIL_P95_PCT = 70.0
+# memory_growth / worker_memory_growth: memory rising step after step, steadily (R^2 of a straight
+# line over the window at least 0.8: a sawtooth of allocations is not a leak), by at least 10% of
+# where it started and at least 64 MiB (below that a warm-up of caches looks the same), over at
+# least 5 readings. SageMaker's GPUMemoryIncrease fires on a 5-point rise of the moving average.
+MEMORY_GROWTH_MIN_R2 = 0.8
+MEMORY_GROWTH_MIN_SHARE = 0.10
+MEMORY_GROWTH_MIN_B = 64 * 2**20
+MEMORY_GROWTH_MIN_POINTS = 5
+# gpufeed batch-size: the share of capacity the largest batch may use (default): headroom for the
+# allocator's fragmentation, the CUDA context and longer samples later in training. YOLOv5's
+# autobatch aims at 80% of free memory; the PyTorch Profiler plugin flags peaks above 90%.
+BATCH_TARGET_SHARE = 0.90
+# A straight line fits memory against batch size when R^2 >= 0.98; below, the tool says memory is
+# not linear and falls back to a bisection on measured trials.
+BATCH_FIT_MIN_R2 = 0.98
+# Points whose peaks differ by less than 2% of the limit tell nothing about the slope (the process's
+# fixed memory dominates): the search doubles the batch instead of extrapolating.
+BATCH_FIT_MIN_SPREAD_SHARE = 0.02
+# The search stops once the largest batch that fits is within 3% of the smallest that does not
+# (or of the fit's prediction): inside the 5% the issue asks for, without trials of +1 steps.
+BATCH_SEARCH_TOLERANCE = 0.03
+# Trials at most (Lightning's binsearch allows 25; halving and doubling plus a fit rarely need 8).
+BATCH_MAX_TRIALS = 12
+# A trial measures this long after its warm-up steps: the peak comes in the first steps; the
+# throughput needs a few more.
+BATCH_TRIAL_SECONDS = 2.0
+BATCH_TRIAL_WARMUP_STEPS = 3
+# The knee: the smallest batch whose throughput is within 5% of the best measured (differences
+# below that are run-to-run noise on a shared machine, see TUNE_NOISE_FLOOR and bench/results).
+BATCH_KNEE_TOLERANCE = 0.05

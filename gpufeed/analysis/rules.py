@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gpufeed import thresholds as th
+from gpufeed.analysis import memory
 from gpufeed.analysis.findings import INFO, HIGH, Finding, severity_for
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
 from gpufeed.analysis.ranks import load_imbalance, straggler_rank
@@ -362,4 +363,4 @@ RULES: tuple[Rule, ...] = (
     loader_stalled, too_few_workers, cpu_saturated, storage_latency, too_many_workers,
     thread_oversubscription, worker_restart, pageable_transfer, fluctuating_utilization, host_bound,
     compute_bound, no_dataloader, straggler_rank, load_imbalance,
-)
+) + memory.RULES

@@ -97,6 +97,8 @@ class RunRecord:
     # on the merged clock; pids of run i are shifted by i * merge.PID_STRIDE (``pid_offset``).
     parts: list["RunRecord"] = field(default_factory=list)
     pid_offset: int = 0
+    # pid -> memory readings of the `memory` and `exit` events (uss_start_b, rss_peak_b, uss_b, cuda_mem_peak_b, ...)
+    memory: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -173,7 +175,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
-    processes, stalls, exits, ends, overrides = [], [], {}, {}, []
+    processes, stalls, exits, ends, overrides, memory = [], [], {}, {}, [], {}
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -209,6 +211,9 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
                 ends[pid] = ev
+            if kind in ("exit", "memory"):
+                readings = memory.setdefault(pid, {})
+                readings.update((k, v) for k, v in ev.items() if k.endswith("_b") and isinstance(v, int))
     if not (run_dir / schema.EVENTS_DIR).is_dir():
         warnings.append(f"no {schema.EVENTS_DIR}/ folder: nothing was recorded inside the command")
 
@@ -232,7 +237,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
-        stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides,
+        stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
     )
 
 

@@ -30,7 +30,10 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
 ``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
 ``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
-              uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception)
+              uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception); memory at exit where readable:
+              rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
+              cuda_mem_reserved_peak_b, cuda_mem_total_b
+``memory``    pid, t, uss_start_b: a DataLoader worker's private memory at its start
 
 Sample lines (``samples.jsonl``)::
 

@@ -151,6 +151,9 @@ class Probe:
     def start_in_worker(self) -> None:
         """In a DataLoader worker (forked or spawned), before its loop: time each batch it makes."""
         self.ensure_this_process()
+        # Private memory at the worker's start: what it has copied of its parent's pages by its
+        # exit (reading Python objects touches their reference counts) is the copy-on-read growth.
+        self.event("memory", t=_clock(), uss_start_b=private_memory_b())
         from torch.utils.data._utils import fetch
         _patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
         _patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
@@ -177,7 +180,7 @@ class Probe:
         self._stop.set()
         self.flush(final=True)
         self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason,
-                            "exit_code": self.exit_code, "error": self.exit_error})
+                            "exit_code": self.exit_code, "error": self.exit_error, **memory_at_exit()})
         self._writer.close()
 
     # -- recording -----------------------------------------------------------------------------
@@ -308,6 +311,57 @@ class Probe:
         self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
         self.flush()
         write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
+
+
+def memory_at_exit() -> dict[str, int]:
+    """This process's memory high-water marks, and its private memory, read once at exit.
+
+    The kernel's peak resident set (``gpufeed batch-size`` fits it): the sampler's 10 Hz readings
+    miss a step's short peak. Private memory (USS): a forked DataLoader worker shares its parent's
+    pages, and copy-on-read shows only there, not in the resident set. Once the process uses CUDA
+    (never initialised here), the caching allocator's peaks and the device's size.
+    """
+    peaks: dict[str, int] = {}
+    rss, uss = _rss_peak_b(), private_memory_b()
+    if rss is not None:
+        peaks["rss_peak_b"] = rss
+    if uss is not None:
+        peaks["uss_b"] = uss
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and cuda.is_initialized():
+        try:
+            peaks["cuda_mem_peak_b"] = int(cuda.max_memory_allocated())
+            peaks["cuda_mem_reserved_peak_b"] = int(cuda.max_memory_reserved())
+            peaks["cuda_mem_total_b"] = int(cuda.get_device_properties(cuda.current_device()).total_memory)
+        except Exception:
+            pass  # a measurement never breaks the exit
+    return peaks
+
+
+def private_memory_b() -> int | None:
+    """Private_Clean + Private_Dirty of this process (Linux 4.14+; one read, costs milliseconds)."""
+    try:
+        with open("/proc/self/smaps_rollup", "rb") as f:
+            return sum(int(line.split()[1]) * 1024 for line in f if line.startswith(b"Private_"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _rss_peak_b() -> int | None:
+    """VmHWM from /proc (Linux); else getrusage's ru_maxrss (kilobytes on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(maxrss if sys.platform == "darwin" else maxrss * 1024)
+    except (ImportError, OSError):
+        return None
 
 
 def _fixed_batch_size(loader: Any) -> int | None:
