@@ -128,6 +128,11 @@ TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
 TUNE_PREFETCH_CHOICES = (2, 4)
 # A trial with no batch for this long is stopped as hung.
 TUNE_STALL_TIMEOUT_S = 30.0
+# A trial is stopped as failed after start-up + factor x its measured seconds + the stall timeout:
+# importing torch and starting workers takes seconds; a warm-up at the slowest configuration
+# can take as long as the measurement several times over.
+TUNE_TRIAL_START_S = 60.0
+TUNE_TRIAL_TIME_FACTOR = 10.0
 
 # -- Memory (analysis/memory.py, gpufeed batch-size) ---------------------------------------------------
 # allocator_cache: what nvidia-smi shows is mostly the caching allocator's free blocks once reserved

@@ -152,3 +152,13 @@ def test_ctrl_c_ends_the_trial_and_prints_the_best_so_far(tmp_path):
     report = json.loads((out / "tune.json").read_text())
     assert report["stopped"] == "interrupted"
     assert_nothing_left_running(str(TARGET))
+
+
+def test_a_trial_that_never_ends_is_stopped_at_its_time_limit(tmp_path):
+    """A command the probe never stops (its instrumentation did not load, or no DataLoader runs)."""
+    from gpufeed.measure.runner import RunOptions, run_command
+
+    result = run_command(RunOptions(command=[sys.executable, "-c", "import time; time.sleep(120)"],
+                                    out=tmp_path / "run", timeout_s=1.0, echo_output=False))
+    assert result.meta.end_reason == "timed_out"
+    assert "time limit" in result.meta.message and "nothing was measured" in result.meta.message

@@ -33,6 +33,7 @@ from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Over
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
 from gpufeed.record.reader import RunRecord, load_run
+from gpufeed.tune.command import trial_time_limit
 from gpufeed.units import human_bytes
 
 TRIALS_DIR = "trials"
@@ -156,7 +157,8 @@ class BatchTrials:
         with MemoryGuard(run_dir, self.host_limit_b) as guard:
             result = run_command(RunOptions(
                 command=o.command, out=run_dir, warmup_steps=o.warmup_steps, seconds=o.seconds,
-                stall_timeout_s=o.stall_timeout_s, interval_s=o.interval_s, extra_env=env, echo_stderr=False))
+                stall_timeout_s=o.stall_timeout_s, interval_s=o.interval_s, extra_env=env, echo_output=False,
+                timeout_s=trial_time_limit(o.seconds, o.stall_timeout_s)))
         trial = BatchTrial(batch_size or 0, FAILED, why=why, run_dir=str(run_dir.relative_to(o.out)),
                            elapsed_s=time.monotonic() - t0)
         meta = result.meta

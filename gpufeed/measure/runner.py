@@ -55,6 +55,7 @@ class RunOptions:
     interval_s: float = 0.1
     extra_env: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None     # measure this long after warm-up, then end the command (tune trials)
+    timeout_s: float | None = None   # end the command after this long whatever it does (trials)
     echo_output: bool = True         # show the command's output as it comes; else only on disk (tune trials)
 
 
@@ -192,10 +193,13 @@ class _Run:
 
     def _wait(self, child: subprocess.Popen, sampler: Sampler) -> str | None:
         stall_marker = self.run_dir / schema.STALL_MARKER
+        deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s else None
         while child.poll() is None:
             if stall_marker.exists():
                 self._record_stall(stall_marker, sampler)
                 return schema.END_STALLED
+            if deadline is not None and time.monotonic() > deadline:
+                return schema.END_TIMED_OUT
             time.sleep(POLL_S)
         return None
 
@@ -232,20 +236,25 @@ class _Run:
                 end_reason = schema.END_COMPLETED
             else:
                 end_reason = schema.END_FAILED
-        return self._finish(end_reason, exit_code, _end_message(end_reason, exit_code, self.meta,
-                                                                list(self.stderr_tail)))
+        message = _end_message(end_reason, exit_code, self.meta, list(self.stderr_tail), self.run_dir)
+        return self._finish(end_reason, exit_code, message)
 
     def _finish(self, end_reason: str, exit_code: int | None, message: str | None) -> schema.RunMeta:
         return finish_record(self.run_dir, self.meta, end_reason, exit_code, message, list(self.stderr_tail))
 
 
-def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, tail: list[str]) -> str:
+def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, tail: list[str],
+                 run_dir: Path) -> str:
     if end_reason == schema.END_COMPLETED:
         return "The command finished normally."
     if end_reason == schema.END_STEPS_REACHED:
         if meta.steps_requested is None:
             return "Stopped the command once the measurement was long enough, as asked."
         return f"Stopped the command after {meta.steps_requested} measured steps, as asked."
+    if end_reason == schema.END_TIMED_OUT:
+        unmeasured = "" if any((run_dir / schema.EVENTS_DIR).glob("*.jsonl")) else (
+            ", and nothing was measured in it (was gpufeed's instrumentation loaded? see stderr.log)")
+        return f"Stopped at the time limit: the command had not ended by itself{unmeasured}."
     if end_reason == schema.END_INTERRUPTED:
         return "Interrupted (Ctrl-C): the command and its DataLoader workers were stopped."
     if end_reason == schema.END_STALLED:

@@ -72,6 +72,7 @@ END_FAILED = "failed"                # the command exited non-zero or was killed
 END_INTERRUPTED = "interrupted"      # Ctrl-C
 END_STALLED = "stalled"              # no batch for --stall-timeout seconds
 END_NOT_STARTED = "not_started"      # the command could not be started
+END_TIMED_OUT = "timed_out"          # gpufeed ended it at its time limit (tune and batch-size trials)
 
 
 @dataclass(frozen=True)

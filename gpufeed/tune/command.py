@@ -72,7 +72,7 @@ class CommandTrials:
         run_options = RunOptions(
             command=o.command, out=run_dir, warmup_steps=o.warmup_steps, stall_timeout_s=o.stall_timeout_s,
             interval_s=o.interval_s, extra_env=env, echo_output=False,
-            steps=steps, seconds=None if steps else o.seconds)
+            steps=steps, seconds=None if steps else o.seconds, timeout_s=trial_time_limit(o.seconds, o.stall_timeout_s))
         if self.on_start is not None:
             self.on_start(settings, why, run_dir)
         t0 = time.monotonic()
@@ -153,6 +153,13 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
     result.elapsed_s = time.monotonic() - t0
     save(result, options.out)
     return result
+
+
+def trial_time_limit(seconds: float, stall_timeout_s: float) -> float:
+    """How long a trial may take in all before it is stopped as failed: start-up, warm-up and the
+    measurement with room to spare. A command that never reaches the probe's limit (its
+    instrumentation did not load, or it loops without a DataLoader) would otherwise run forever."""
+    return th.TUNE_TRIAL_START_S + th.TUNE_TRIAL_TIME_FACTOR * seconds + stall_timeout_s
 
 
 def save(result: TuneResult, out: Path) -> None:
