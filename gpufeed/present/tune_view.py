@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -79,7 +80,7 @@ class TrialProgress:
 
 def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
     base = result.baseline.samples_per_s
-    table = Table(title="Trials", title_justify="left", header_style="bold")
+    table = Table(title="Trials", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     for column, justify in (("#", "right"), ("configuration", "left"), ("samples/s", "right"),
                             ("spread", "right"), ("runs", "right"), ("vs yours", "right"), ("why tried", "left")):
         table.add_column(column, justify=justify)

@@ -108,7 +108,6 @@ class TuneResult:
     budget_s: float | None
     elapsed_s: float
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
-    verified: Trial | None = None     # the winner measured again, apart from the search
 
     @property
     def speedup(self) -> float | None:
@@ -131,8 +130,6 @@ class TuneResult:
             "noise": self.noise, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed_s, 3),
             "stopped": self.stopped,
         }
-        if self.verified is not None:
-            out["verified"] = summary(self.verified)
         return out
 
     def config_file(self) -> dict[str, Any]:
