@@ -11,6 +11,7 @@ time-limited), side by side in one run:
   numbers), alternating, ``--verify`` times each: the median speed-up.
 
     python bench/tune_vs_grid.py [--workloads storage,cpu,...] [--trial-seconds 1.5] [--max-workers 16]
+                                 [--keep DIR] [--grid-from DIR]
 
 Prints a Markdown table (and writes it to ``--out``). Targets (issue 3): tune/grid >= 0.97 on every
 workload; tune time <= 20% of the grid's; the verified speed-up holds.
@@ -31,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpufeed import thresholds as th  # noqa: E402
+from gpufeed.analysis import analyze  # noqa: E402
 from gpufeed.measure.inside.overrides import LoaderSettings  # noqa: E402
+from gpufeed.record.reader import load_meta  # noqa: E402
 from gpufeed.tune.command import CommandTrials, TuneOptions, tune_command  # noqa: E402
 from gpufeed.tune.search import normalise  # noqa: E402
 
@@ -74,6 +77,32 @@ class Row:
     tune_speedup: float | None
 
 
+def run_grid(command: list[str], out: Path, args: argparse.Namespace) -> tuple[dict, float]:
+    """The user's configuration first (to find the loader), then every point of the space."""
+    grid = CommandTrials(TuneOptions(command=command, out=out, seconds=args.trial_seconds,
+                                     warmup_steps=args.warmup, stall_timeout_s=10.0))
+    t0 = time.monotonic()
+    grid.learn_from_baseline(grid(LoaderSettings(), "yours"))
+    rates = {}
+    for settings in grid_space(args.max_workers):
+        rates[settings] = grid(settings, "grid").samples_per_s or 0.0
+    return rates, time.monotonic() - t0
+
+
+def grid_from_runs(grid_dir: Path, max_workers: int) -> tuple[dict, float]:
+    """A grid measured by an earlier run of this bench (``--keep``): its trials' records, re-analysed;
+    its time is the sum of the trials' own run times (start to end of each command)."""
+    space = {s.label(): s for s in grid_space(max_workers)}
+    rates, total_s = {}, 0.0
+    for run_dir in sorted(p for p in grid_dir.glob("trials/*") if p.is_dir()):
+        meta = load_meta(run_dir)
+        total_s += (meta.t_end or meta.t_start) - meta.t_start
+        label = run_dir.name.split("-", 1)[1].replace("-", " ")
+        if label in space:
+            rates[space[label]] = analyze(run_dir).metrics.samples_per_s or 0.0
+    return rates, total_s
+
+
 def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
     title, command = WORKLOADS[key]
     options = TuneOptions(command=command, out=out / "tune", seconds=args.trial_seconds,
@@ -84,17 +113,10 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
     print(f"  tune: {result.best.settings.label()} {result.best.samples_per_s:,.0f}/s in {tune_s:.0f} s "
           f"({sum(len(t.runs) for t in result.trials)} runs)", flush=True)
 
-    # The grid: the user's configuration first (to find the loader), then every point of the space.
-    grid = CommandTrials(TuneOptions(command=command, out=out / "grid", seconds=args.trial_seconds,
-                                     warmup_steps=args.warmup, stall_timeout_s=10.0))
-    t0 = time.monotonic()
-    first = grid(LoaderSettings(), "yours")
-    grid.learn_from_baseline(first)
-    rates = {}
-    for settings in grid_space(args.max_workers):
-        run = grid(settings, "grid")
-        rates[settings] = run.samples_per_s or 0.0
-    grid_s = time.monotonic() - t0
+    if args.grid_from is not None:
+        rates, grid_s = grid_from_runs(args.grid_from / key / "grid", args.max_workers)
+    else:
+        rates, grid_s = run_grid(command, out / "grid", args)
     grid_best = max(rates, key=rates.get)
     print(f"  grid: {grid_best.label()} {rates[grid_best]:,.0f}/s in {grid_s:.0f} s ({len(rates)} trials)", flush=True)
 
@@ -119,7 +141,9 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
 def table(rows: list[Row], args: argparse.Namespace) -> str:
     lines = [
         f"`python bench/tune_vs_grid.py --trial-seconds {args.trial_seconds:g} --max-workers {args.max_workers} "
-        f"--verify {args.verify}` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores",
+        f"--verify {args.verify}` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores"
+        + (f"; the grid's runs measured by an earlier run of the same command (`--grid-from`), its time the sum "
+           "of those runs" if args.grid_from else ""),
         "",
         "| workload | yours (samples/s) | grid best | tune best | tune/grid | tune time / grid time "
         "| runs: tune / grid | speed-up (trial) | speed-up (re-measured) |",
@@ -145,12 +169,16 @@ def main() -> None:
     parser.add_argument("--max-workers", type=int, default=16)
     parser.add_argument("--verify", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune_vs_grid.md")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep every trial's run record in DIR")
+    parser.add_argument("--grid-from", type=Path, metavar="DIR",
+                        help="reuse the grid kept by an earlier --keep run (DIR/<workload>/grid) instead of running it")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-bench-") as tmp:
+        root = args.keep or Path(tmp)
         for key in args.workloads.split(","):
             print(f"{key}: {WORKLOADS[key][0]}", flush=True)
-            rows.append(run_workload(key, Path(tmp) / key, args))
+            rows.append(run_workload(key, root / key, args))
             text = table(rows, args)
             args.out.write_text(text + "\n")
     print(text)

@@ -151,8 +151,23 @@ def test_noise_is_measured_from_the_baseline_repeats():
     result = run_search(Workload(storage_bound, noise=0.10, seed=3), start(2))
     assert len(result.baseline.runs) >= 2
     assert th.TUNE_NOISE_FLOOR <= result.noise <= th.TUNE_NOISE_CAP
-    assert result.noise == pytest.approx(max(th.TUNE_NOISE_FLOOR, max(
-        t.spread for t in result.trials if t.spread is not None)), rel=1e-6) or result.noise == th.TUNE_NOISE_CAP
+    spreads = sorted(t.spread for t in result.trials if t.spread is not None)
+    median = (spreads[(len(spreads) - 1) // 2] + spreads[len(spreads) // 2]) / 2
+    assert result.noise == pytest.approx(min(max(th.TUNE_NOISE_FLOOR, median), th.TUNE_NOISE_CAP))
+
+
+def test_one_disturbed_pair_of_runs_does_not_make_everything_a_tie():
+    # The baseline's two runs differ by 40% once (the machine was busy); the others repeat within 2%.
+    noisy = iter([100.0, 140.0])
+
+    def rate(s):
+        if (s.num_workers or 0) == 0 and not s.persistent_workers:
+            return next(noisy, 120.0)
+        return cpu_bound(s)
+
+    result = run_search(Workload(rate, noise=0.01), start(0))
+    assert result.noise < 0.2
+    assert result.best.settings.num_workers == 2
 
 
 def test_failed_trials_are_recorded_and_the_search_goes_on():

@@ -5,7 +5,8 @@ The space is ``num_workers`` on a ladder (0, 1, 2, 4, 8, ... refined by 3, 6, 12
 a thread cap of 1 inside workers, and ``pin_memory`` when CUDA is used. Instead of walking that
 grid, the search:
 
-1. measures the user's own configuration twice: its run-to-run spread sets the noise;
+1. measures the user's own configuration twice: its run-to-run spread sets the noise (then the
+   median spread of every configuration measured twice);
 2. climbs the worker ladder geometrically while throughput rises by more than the noise (down
    instead, to the fewest workers that keep up, when the loop does not wait for data);
 3. refines between the peak's neighbours;
@@ -22,6 +23,7 @@ trial in its own process, or a loop in this process).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from typing import Callable
 
@@ -132,8 +134,10 @@ class Search:
             raise _Stop("budget")
 
     def _update_noise(self) -> None:
+        """The typical run-to-run spread of the configurations measured twice: the median, so that
+        one disturbed pair of runs does not turn every later comparison into a tie."""
         spreads = [t.spread for t in self.trials.values() if t.spread is not None]
-        measured = max(spreads, default=0.0)
+        measured = statistics.median(spreads) if spreads else 0.0
         self.noise = min(max(th.TUNE_NOISE_FLOOR, measured), th.TUNE_NOISE_CAP)
 
     # -- comparing, with the noise ---------------------------------------------------------------------
