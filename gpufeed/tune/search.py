@@ -13,7 +13,7 @@ grid, the search:
 4. tries the other settings only where a run showed their cause: the thread cap when workers ran
    several threads, persistent workers when worker start-up cost time, deeper prefetch when the best
    configuration still waits for data, pinned memory when CUDA copies were pageable; each
-   improvement re-checks the neighbouring worker counts;
+   improvement climbs the worker ladder again from there (a thread cap, say, moves the peak);
 5. repeats the contenders within the noise of the best, and among ties takes the cheapest (fewer
    workers, smaller prefetch: less memory and start-up).
 
@@ -171,7 +171,7 @@ class Search:
             s = dataclasses.replace(s, prefetch_factor=None, persistent_workers=False)
         return dataclasses.replace(s, num_workers=workers)
 
-    def _climb_workers(self, start: Trial, local: bool = False) -> None:
+    def _climb_workers(self, start: Trial) -> None:
         """Up the ladder while throughput rises; down to the fewest workers that keep up otherwise."""
         ladder = self._ladder()
         w0 = start.settings.num_workers or 0
@@ -179,10 +179,10 @@ class Search:
         down = [w for w in reversed(ladder) if w < w0]
         waits = _waits_for_data(start)
         if waits or waits is None:
-            moved = self._walk(start, up[:1] if local else up, "more workers: the loop waited for data")
+            moved = self._walk(start, up, "more workers: the loop waited for data")
             if moved:
                 return
-        self._walk_down(start, down[:1] if local else down)
+        self._walk_down(start, down)
 
     def _walk(self, start: Trial, steps: list[int], why: str) -> bool:
         """Up the ladder until two steps in a row bring nothing: one step can dip (0 -> 1 worker adds
@@ -249,7 +249,7 @@ class Search:
             candidate = self._measured(dataclasses.replace(current.settings, **change), name)
             if self._beats(candidate, current):
                 self.best = candidate
-                self._climb_workers(candidate, local=True)  # a change of setting moves the peak
+                self._climb_workers(candidate)  # a change of setting moves the peak, often far
 
     def _candidates_changes(self):
         """(why, change) for each setting a measured cause points at; looked at in turn."""
