@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from gpufeed import thresholds as th  # noqa: E402
 from gpufeed.analysis import analyze  # noqa: E402
 from gpufeed.measure.inside.overrides import LoaderSettings  # noqa: E402
+from gpufeed.record import schema  # noqa: E402
 from gpufeed.record.reader import load_meta  # noqa: E402
 from gpufeed.tune.command import CommandTrials, TuneOptions, tune_command  # noqa: E402
 from gpufeed.tune.search import normalise  # noqa: E402
@@ -108,8 +109,12 @@ def grid_from_runs(grid_dir: Path, max_workers: int) -> tuple[dict, float]:
         meta = load_meta(run_dir)
         total_s += (meta.t_end or meta.t_start) - meta.t_start
         label = run_dir.name.split("-", 1)[1].replace("-", " ")
-        if label in space:
-            rates[space[label]] = analyze(run_dir).metrics.samples_per_s or 0.0
+        if label not in space:
+            continue
+        # As CommandTrials judged it live: a run that did not end well (stalled, crashed) scores 0,
+        # whatever its partial record would say.
+        ok = meta.end_reason in (schema.END_COMPLETED, schema.END_STEPS_REACHED)
+        rates[space[label]] = (analyze(run_dir).metrics.samples_per_s or 0.0) if ok else 0.0
     return rates, total_s
 
 
