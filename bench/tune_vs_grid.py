@@ -40,18 +40,25 @@ from gpufeed.tune.command import CommandTrials, TuneOptions, tune_command  # noq
 from gpufeed.tune.search import normalise  # noqa: E402
 
 W = ROOT / "tests" / "workloads"
+sys.path.insert(0, str(W))
+import common  # noqa: E402
+
 PY = sys.executable
 LONG = ["--epochs", "100000"]  # trials end on time, never because the script ran out of epochs
+# The CPU-bound workloads' work per sample, fixed once for every run compared here: calibrating 2 ms
+# in each run varied the work by up to 1.7x between runs (the fastest of three calibrations is kept).
+FFT_ROUNDS = str(max(common.calibrate_fft_rounds(2.0) for _ in range(3)))
+CPU = [PY, str(W / "cpu_bound.py"), *LONG, "--fft-rounds", FFT_ROUNDS]
 WORKLOADS = {
     "storage": ("storage-latency-bound (4 ms/sample, 2 workers)", [PY, str(W / "storage_bound.py"), *LONG]),
-    "cpu": ("CPU-bound preprocessing (2 ms/sample, num_workers=0)", [PY, str(W / "cpu_bound.py"), *LONG]),
+    "cpu": ("CPU-bound preprocessing (2 ms/sample, num_workers=0)", CPU),
     "compute": ("compute-bound (wide MLP, in-memory data)",
                 [PY, str(W / "compute_bound.py"), *LONG, "--width", "1024"]),
     "oversubscribed": ("thread-oversubscribed workers (4 torch threads each)",
                        [PY, str(W / "oversubscribed.py"), *LONG]),
     "short-epochs": ("short epochs, 0.3 s worker start-up", [PY, str(W / "short_epochs.py"), *LONG]),
     "too-many": ("far too many workers (CPU-bound, 16 workers)",
-                 [PY, str(W / "cpu_bound.py"), *LONG, "--workers", "16"]),
+                 [*CPU, "--workers", "16"]),
 }
 
 
@@ -160,7 +167,8 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
 def table(rows: list[Row], args: argparse.Namespace) -> str:
     lines = [
         f"`python bench/tune_vs_grid.py --trial-seconds {args.trial_seconds:g} --max-workers {args.max_workers} "
-        f"--verify {args.verify}` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores"
+        f"--verify {args.verify}` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; CPU-bound work "
+        f"fixed at {FFT_ROUNDS} FFT rounds per sample (about 2 ms)"
         + (f"; the grid's runs measured by an earlier run of the same command (`--grid-from`), its time the sum "
            "of those runs" if args.grid_from else ""),
         "",

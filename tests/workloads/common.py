@@ -100,11 +100,13 @@ class SyntheticDataset(Dataset):
 
     ``sleep_s``: time.sleep per sample (storage latency, the CPU stays idle).
     ``cpu_ms``: single-threaded numpy work per sample (decode/augment stand-in),
-    calibrated once at construction.
+    calibrated once at construction; ``fft_rounds`` fixes that work instead (calibration
+    varies by 1.5x from run to run on a busy machine, so runs that are compared must share it).
     """
 
     def __init__(self, n: int, *, dim: int = DIM, num_classes: int = NUM_CLASSES,
-                 sleep_s: float = 0.0, cpu_ms: float = 0.0, seed: int = 0):
+                 sleep_s: float = 0.0, cpu_ms: float = 0.0, fft_rounds: int | None = None,
+                 seed: int = 0):
         rng = np.random.default_rng(seed)
         self.labels = np.arange(n, dtype=np.int64) % num_classes
         rng.shuffle(self.labels)
@@ -113,7 +115,7 @@ class SyntheticDataset(Dataset):
         self.x = x
         self.sleep_s = sleep_s
         self.cpu_ms = cpu_ms
-        self.fft_rounds = calibrate_fft_rounds(cpu_ms)
+        self.fft_rounds = fft_rounds if fft_rounds is not None else calibrate_fft_rounds(cpu_ms)
         self._buf = rng.standard_normal(_FFT_LEN)
 
     def __len__(self) -> int:
