@@ -124,6 +124,14 @@ TUNE_MAX_WORKERS_PER_CORE = 16
 # Workers tried on the way up; the refinement adds the points between (3, 6, 12, ...).
 TUNE_WORKER_LADDER = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
+# Configurations whose medians (two runs or more each) differ by less than this share of the noise are
+# tied, and the cheapest of them wins. The noise is the typical spread of two runs, about 1.1 standard
+# deviations of one run; half of it keeps what a tie can cost under 3% at the usual 3-6% noise.
+TUNE_TIE_SHARE_OF_NOISE = 0.5
+# A fix that did not help (persistent workers, say) is tried again once its cause has grown this much:
+# worker start-up took 10% of a short-epoch run with 1 worker and 49% with 8 (2 cores, cpu_bound.py),
+# and persistent workers lost at 1 worker and won by 27% at 8.
+TUNE_CAUSE_RETRY_FACTOR = 2.0
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
 # A trial with no batch for this long is stopped as hung.

@@ -7,18 +7,21 @@ grid, the search:
 
 1. measures the user's own configuration twice: its run-to-run spread sets the noise (then the
    median spread of every configuration measured twice);
-2. climbs the worker ladder geometrically while throughput rises by more than the noise (down
-   instead, to the fewest workers that keep up, when the loop does not wait for data);
-3. refines between the peak's neighbours;
-4. tries the other settings only where a run showed their cause: the thread cap when workers ran
-   several threads, persistent workers when worker start-up cost time, deeper prefetch when the best
-   configuration still waits for data, pinned memory when CUDA copies were pageable; each
-   improvement climbs the worker ladder again from there (a thread cap, say, moves the peak);
-5. repeats the contenders within the noise of the best, and among ties takes the cheapest (fewer
+2. fixes a cause as soon as a run shows it: the thread cap when workers ran several threads,
+   persistent workers when worker start-up cost time. The fix is measured at once, beside the run
+   that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
+   once, with the fixes, instead of once per fix);
+3. climbs the worker ladder geometrically while throughput rises (down instead, to the fewest
+   workers that keep up, when the loop does not wait for data);
+4. refines next to the peak, on the side of its better neighbour;
+5. tries deeper prefetch when the best configuration still waits for data, pinned memory with CUDA;
+   an improvement climbs the ladder again from there;
+6. repeats the contenders within the noise of the best, and among ties takes the cheapest (fewer
    workers, smaller prefetch: less memory and start-up).
 
-It knows nothing of how a configuration is run: ``measure(settings, why)`` is given (a command's
-trial in its own process, or a loop in this process).
+The climb moves on a trial's own number (one run); the comparisons that pick the winner repeat what
+is within the noise. It knows nothing of how a configuration is run: ``measure(settings, why)`` is
+given (a command's trial in its own process, or a loop in this process).
 """
 from __future__ import annotations
 
@@ -36,6 +39,19 @@ Measure = Callable[[LoaderSettings, str], TrialRun]
 
 class BaselineFailed(Exception):
     """The user's own configuration could not be measured: there is nothing to compare against."""
+
+
+@dataclasses.dataclass
+class _Cause:
+    """A cause a run showed, the change that fixes it, and how strong it was."""
+
+    why: str
+    change: dict
+    strength: float
+
+    @property
+    def setting(self) -> str:
+        return next(iter(self.change))
 
 
 class _Stop(Exception):
@@ -73,6 +89,7 @@ class Search:
         self.trials: dict[LoaderSettings, Trial] = {}
         self.noise = th.TUNE_NOISE_FLOOR
         self.best: Trial | None = None
+        self._fixes_tried: dict[str, float] = {}  # setting -> how strong its cause was when last tried
         self._t0 = clock()
 
     # -- public ------------------------------------------------------------------------------------
@@ -87,8 +104,7 @@ class Search:
             self._run_once(baseline)  # its spread is the noise every later decision allows for
             self._update_noise()
             self.best = baseline
-            self._climb_workers(baseline)
-            self._climb_with_persistent_workers()
+            self._climb_workers(self._fix_causes(baseline))
             self._refine_workers()
             self._other_settings()
             self._settle_ties()
@@ -157,6 +173,11 @@ class Search:
         self._update_noise()
         return a.ok and b.ok and a.samples_per_s > b.samples_per_s * (1 + self.noise)
 
+    @staticmethod
+    def _faster(a: Trial, b: Trial) -> bool:
+        """On the runs so far, no repeats: for steps whose mistakes later steps correct."""
+        return a.ok and (not b.ok or a.samples_per_s > b.samples_per_s)
+
     def _clearly_worse(self, a: Trial, b: Trial) -> bool:
         return not a.ok or (b.ok and a.samples_per_s < b.samples_per_s * (1 - self.noise))
 
@@ -171,76 +192,102 @@ class Search:
             s = dataclasses.replace(s, prefetch_factor=None, persistent_workers=False)
         return dataclasses.replace(s, num_workers=workers)
 
-    def _climb_workers(self, start: Trial) -> None:
-        """Up the ladder while throughput rises; down to the fewest workers that keep up otherwise."""
+    def _climb_workers(self, start: Trial, *, down: bool = True) -> None:
+        """Up the ladder while throughput rises; down to the fewest workers that keep up otherwise
+        (or, with ``down``, when more workers did not help: the user may have far too many)."""
         ladder = self._ladder()
         w0 = start.settings.num_workers or 0
-        up = [w for w in ladder if w > w0]
-        down = [w for w in reversed(ladder) if w < w0]
         waits = _waits_for_data(start)
         if waits or waits is None:
-            moved = self._walk(start, up, "more workers: the loop waited for data")
-            if moved:
+            start, moved = self._walk_up(start, [w for w in ladder if w > w0])
+            if moved or not down:
                 return
-        self._walk_down(start, down)
+        why = "fewer workers: more did not help" if waits else "fewer workers: the loop did not wait for data"
+        self._walk_down(start, [w for w in reversed(ladder) if w < (start.settings.num_workers or 0)], why)
 
-    def _walk(self, start: Trial, steps: list[int], why: str) -> bool:
+    def _walk_up(self, start: Trial, steps: list[int]) -> tuple[Trial, bool]:
         """Up the ladder until two steps in a row bring nothing: one step can dip (0 -> 1 worker adds
-        inter-process overhead without any parallelism) before the next one pays off."""
-        moved, misses = False, 0
+        inter-process overhead without any parallelism) before the next one pays off.
+
+        A step moves on its single run's number: the curve often rises by less than the noise per
+        step yet by much more over several, and waiting for each step to clear the noise stops the
+        climb halfway. False steps cost only a run; the winner is settled by repeats at the end."""
+        moved, misses, current = False, 0, start
         for w in steps:
-            trial = self._measured(self._with_workers(start, w), why)
-            if self._beats(trial, self.best):
-                self.best, moved, misses = trial, True, 0
+            plain = self._measured(self._with_workers(current, w), "more workers: the loop waited for data")
+            trial = self._fix_causes(plain)
+            if trial is not plain:
+                current = trial  # a fix helped here: the next steps keep it, better than the best or not
+            if self._faster(trial, self.best):
+                self.best, current, moved, misses = trial, trial, True, 0
             else:
                 misses += 1
                 if misses >= 2:
                     break
-        return moved
+        return current, moved
 
-    def _walk_down(self, start: Trial, steps: list[int]) -> None:
+    def _walk_down(self, start: Trial, steps: list[int], why: str) -> None:
         """Fewer workers while that costs no more than the noise: the same speed for less memory."""
         for w in steps:
-            trial = self._measured(self._with_workers(start, w), "fewer workers: the loop did not wait for data")
+            trial = self._measured(self._with_workers(start, w), why)
             if self._beats(trial, self.best):
                 self.best = trial
             elif self._clearly_worse(trial, self.best):
                 break
 
-    def _climb_with_persistent_workers(self) -> None:
-        """Climb again with persistent workers when start-up cost the worker trials time.
+    def _fix_causes(self, trial: Trial) -> Trial:
+        """Try, beside ``trial``, each fix for a cause its run showed; the better one goes on.
 
-        With short epochs, every worker count pays its start-up each epoch, which can hide what the
-        workers would give once started (field-facts: workers restarted every epoch).
-        """
-        costly = [t for t in self.trials.values()
-                  if t.ok and t.settings.num_workers and not t.settings.persistent_workers
-                  and (_startup_share(t) or 0.0) >= th.WORKER_STARTUP_SHARE_FLAG]
-        if not costly:
-            return
-        seed = max(costly, key=lambda t: t.samples_per_s)
-        share = _startup_share(seed)
-        candidate = self._measured(dataclasses.replace(seed.settings, persistent_workers=True),
-                                   f"persistent workers: start-up took {share:.0%} of the run")
-        if self._beats(candidate, self.best):
-            self.best = candidate
-        self._climb_workers(candidate)
+        A fix that helps is kept for the rest of the climb (its settings are what the next steps
+        change). One that does not is tried again only once its cause has doubled: worker start-up,
+        say, costs 10% of the run with 1 worker and 50% with 8 (measured, bench/results), and
+        persistent workers pay off only then."""
+        for cause in self._causes(trial):
+            tried_at = self._fixes_tried.get(cause.setting)
+            if tried_at is not None and cause.strength < th.TUNE_CAUSE_RETRY_FACTOR * tried_at:
+                continue
+            self._fixes_tried[cause.setting] = cause.strength
+            candidate = self._measured(dataclasses.replace(trial.settings, **cause.change), cause.why)
+            # Decided on one run: a fix that matters shows clearly, one wrongly kept costs nothing
+            # (it is tied), and one wrongly dropped is tried again on the best (``_other_settings``).
+            if self._faster(candidate, trial):
+                trial = candidate
+                if candidate.samples_per_s > self.best.samples_per_s:
+                    self.best = candidate
+        return trial
+
+    def _causes(self, trial: Trial) -> list[_Cause]:
+        """The causes this trial's run showed that its settings do not fix yet."""
+        diag = trial.diagnosis
+        if not trial.ok or not trial.settings.num_workers or diag is None:
+            return []
+        m, causes = diag.metrics, []
+        if _oversubscribed(diag) and trial.settings.worker_threads is None:
+            causes.append(_Cause("one thread per worker: workers ran several threads each", {"worker_threads": 1},
+                                 float(m.worker_torch_threads or m.worker_fetch_cpu_ratio or 2)))
+        share = m.worker_startup_share or 0.0
+        if share >= th.WORKER_STARTUP_SHARE_FLAG and not trial.settings.persistent_workers:
+            causes.append(_Cause(f"persistent workers: start-up took {share:.0%} of the run",
+                                 {"persistent_workers": True}, share))
+        return causes
 
     def _refine_workers(self) -> None:
-        """Try the ladder's in-between points next to the peak (e.g. 6 and 12 around 8)."""
+        """Try the ladder's in-between point next to the peak (e.g. 12 between 8 and 16), on the side
+        of the better neighbour: a peak leans towards it."""
         best = self.best
         w = best.settings.num_workers or 0
-        tried = sorted(t.settings.num_workers or 0 for t in self.trials.values()
-                       if _same_but_workers(t.settings, best.settings))
+        tried = {t.settings.num_workers or 0: t for t in self.trials.values()
+                 if t.ok and _same_but_workers(t.settings, best.settings)}
         lower = max((x for x in tried if x < w), default=None)
         upper = min((x for x in tried if x > w), default=None)
-        for lo, hi in ((lower, w), (w, upper)):
-            if lo is None or hi is None:
-                continue
+        sides = [(lo, hi) for lo, hi in ((lower, w), (w, upper)) if lo is not None and hi is not None]
+        if len(sides) == 2:
+            sides = [sides[0] if tried[lower].samples_per_s >= tried[upper].samples_per_s else sides[1]]
+        for lo, hi in sides:
             for r in th.TUNE_WORKER_REFINE:
                 if lo < r < hi and r <= self.max_workers:
                     trial = self._measured(self._with_workers(best, r), f"between {lo} and {hi} workers")
-                    if self._beats(trial, self.best):
+                    if self._faster(trial, self.best):
                         self.best = trial
 
     def _other_settings(self) -> None:
@@ -249,26 +296,21 @@ class Search:
             candidate = self._measured(dataclasses.replace(current.settings, **change), name)
             if self._beats(candidate, current):
                 self.best = candidate
-                self._climb_workers(candidate)  # a change of setting moves the peak, often far
+                self._climb_workers(candidate, down=False)  # a change of setting moves the peak, often far
 
     def _candidates_changes(self):
-        """(why, change) for each setting a measured cause points at; looked at in turn."""
+        """(why, change) for each setting a measured cause on the best configuration points at."""
         if not self.best.settings.num_workers:
             return
-        diag = self.best.diagnosis
-        m = diag.metrics if diag is not None else None
-        if m is not None and _oversubscribed(diag) and self.best.settings.worker_threads is None:
-            yield "one thread per worker: workers ran several threads each", {"worker_threads": 1}
-        if m is not None and (m.worker_startup_share or 0) >= th.WORKER_STARTUP_SHARE_FLAG \
-                and not self.best.settings.persistent_workers:
-            yield (f"persistent workers: start-up took {m.worker_startup_share:.0%} of the run",
-                   {"persistent_workers": True})
+        for cause in self._causes(self.best):  # still showing on the best: try them there
+            yield cause.why, cause.change
         waits = _waits_for_data(self.best)
         for factor in th.TUNE_PREFETCH_CHOICES:
             if factor > (self.best.settings.prefetch_factor or 2) and (waits or waits is None):
                 yield "deeper prefetch: the loop still waited for data", {"prefetch_factor": factor}
                 break
-        if m is not None and m.cuda_used and not self.best.settings.pin_memory:
+        diag = self.best.diagnosis
+        if diag is not None and diag.metrics.cuda_used and not self.best.settings.pin_memory:
             yield "pinned memory: batches go to CUDA", {"pin_memory": True}
 
     def _settle_ties(self) -> None:
@@ -278,13 +320,13 @@ class Search:
                 self._run_once(trial)
                 self._update_noise()
 
-    def _tied_with_best(self, trial: Trial) -> bool:
+    def _tied_with_best(self, trial: Trial, share_of_noise: float = 1.0) -> bool:
         top = max((t.samples_per_s for t in self.trials.values() if t.ok), default=None)
-        return top is not None and trial.samples_per_s >= top * (1 - self.noise)
+        return top is not None and trial.samples_per_s >= top * (1 - share_of_noise * self.noise)
 
     def _winner(self) -> Trial:
         ok = [t for t in self.trials.values() if t.ok]
-        tied = [t for t in ok if self._tied_with_best(t)]
+        tied = [t for t in ok if self._tied_with_best(t, th.TUNE_TIE_SHARE_OF_NOISE)]
         return min(tied, key=lambda t: (cheapness(t.settings), t.id))
 
 
