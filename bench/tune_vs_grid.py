@@ -11,7 +11,7 @@ time-limited), side by side in one run:
   numbers), alternating, ``--verify`` times each: the median speed-up.
 
     python bench/tune_vs_grid.py [--workloads storage,cpu,...] [--trial-seconds 1.5] [--max-workers 16]
-                                 [--keep DIR] [--grid-from DIR]
+                                 [--keep DIR] [--grid-from DIR --fft-rounds N]
 
 Prints a Markdown table (and writes it to ``--out``). Targets (issue 3): tune/grid >= 0.97 on every
 workload; tune time <= 20% of the grid's; the verified speed-up holds.
@@ -37,6 +37,7 @@ from gpufeed.measure.inside.overrides import LoaderSettings  # noqa: E402
 from gpufeed.record import schema  # noqa: E402
 from gpufeed.record.reader import load_meta  # noqa: E402
 from gpufeed.tune.command import CommandTrials, TuneOptions, tune_command  # noqa: E402
+from gpufeed.tune.result import INTERRUPTED  # noqa: E402
 from gpufeed.tune.search import normalise  # noqa: E402
 
 W = ROOT / "tests" / "workloads"
@@ -45,21 +46,28 @@ import common  # noqa: E402
 
 PY = sys.executable
 LONG = ["--epochs", "100000"]  # trials end on time, never because the script ran out of epochs
-# The CPU-bound workloads' work per sample, fixed once for every run compared here: calibrating 2 ms
-# in each run varied the work by up to 1.7x between runs (the fastest of three calibrations is kept).
-FFT_ROUNDS = str(max(common.calibrate_fft_rounds(2.0) for _ in range(3)))
-CPU = [PY, str(W / "cpu_bound.py"), *LONG, "--fft-rounds", FFT_ROUNDS]
 WORKLOADS = {
-    "storage": ("storage-latency-bound (4 ms/sample, 2 workers)", [PY, str(W / "storage_bound.py"), *LONG]),
-    "cpu": ("CPU-bound preprocessing (2 ms/sample, num_workers=0)", CPU),
-    "compute": ("compute-bound (wide MLP, in-memory data)",
-                [PY, str(W / "compute_bound.py"), *LONG, "--width", "1024"]),
-    "oversubscribed": ("thread-oversubscribed workers (4 torch threads each)",
-                       [PY, str(W / "oversubscribed.py"), *LONG]),
-    "short-epochs": ("short epochs, 0.3 s worker start-up", [PY, str(W / "short_epochs.py"), *LONG]),
-    "too-many": ("far too many workers (CPU-bound, 16 workers)",
-                 [*CPU, "--workers", "16"]),
+    "storage": "storage-latency-bound (4 ms/sample, 2 workers)",
+    "cpu": "CPU-bound preprocessing (2 ms/sample, num_workers=0)",
+    "compute": "compute-bound (wide MLP, in-memory data)",
+    "oversubscribed": "thread-oversubscribed workers (4 torch threads each)",
+    "short-epochs": "short epochs, 0.3 s worker start-up",
+    "too-many": "far too many workers (CPU-bound, 16 workers)",
 }
+
+
+def workload_command(key: str, fft_rounds: int) -> list[str]:
+    """The CPU-bound workloads do ``fft_rounds`` FFTs per sample in every run compared: calibrating
+    2 ms in each run varied the work by up to 1.7x between runs."""
+    cpu = [PY, str(W / "cpu_bound.py"), *LONG, "--fft-rounds", str(fft_rounds)]
+    return {
+        "storage": [PY, str(W / "storage_bound.py"), *LONG],
+        "cpu": cpu,
+        "compute": [PY, str(W / "compute_bound.py"), *LONG, "--width", "1024"],
+        "oversubscribed": [PY, str(W / "oversubscribed.py"), *LONG],
+        "short-epochs": [PY, str(W / "short_epochs.py"), *LONG],
+        "too-many": [*cpu, "--workers", "16"],
+    }[key]
 
 
 def grid_space(max_workers: int) -> list[LoaderSettings]:
@@ -103,7 +111,10 @@ def run_grid(command: list[str], out: Path, args: argparse.Namespace) -> tuple[d
     grid.learn_from_baseline(grid(LoaderSettings(), "yours"))
     rates = {}
     for settings in grid_space(args.max_workers):
-        rates[settings] = grid(settings, "grid").samples_per_s or 0.0
+        run = grid(settings, "grid")
+        if run.status == INTERRUPTED:
+            raise KeyboardInterrupt
+        rates[settings] = run.samples_per_s or 0.0
     return rates, time.monotonic() - t0
 
 
@@ -126,12 +137,14 @@ def grid_from_runs(grid_dir: Path, max_workers: int) -> tuple[dict, float]:
 
 
 def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
-    title, command = WORKLOADS[key]
+    title, command = WORKLOADS[key], workload_command(key, args.fft_rounds)
     options = TuneOptions(command=command, out=out / "tune", seconds=args.trial_seconds,
                           warmup_steps=args.warmup, max_workers=args.max_workers, stall_timeout_s=10.0)
     t0 = time.monotonic()
     result = tune_command(options)
     tune_s = time.monotonic() - t0
+    if result.stopped == "interrupted":  # Ctrl-C or SIGTERM ended a trial: end the bench too
+        raise KeyboardInterrupt
     print(f"  tune: {result.best.settings.label()} {result.best.samples_per_s:,.0f}/s in {tune_s:.0f} s "
           f"({sum(len(t.runs) for t in result.trials)} runs)", flush=True)
 
@@ -151,7 +164,10 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
     for _ in range(args.verify):
         for name, settings in (("yours", result.baseline.settings), ("tune", result.best.settings),
                                ("grid", grid_best)):
-            rate = verify(settings, f"{name} again").samples_per_s
+            run = verify(settings, f"{name} again")
+            if run.status == INTERRUPTED:
+                raise KeyboardInterrupt
+            rate = run.samples_per_s
             if rate:
                 again[name].append(rate)
     median = {k: statistics.median(v) if v else None for k, v in again.items()}
@@ -167,8 +183,8 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
 def table(rows: list[Row], args: argparse.Namespace) -> str:
     lines = [
         f"`python bench/tune_vs_grid.py --trial-seconds {args.trial_seconds:g} --max-workers {args.max_workers} "
-        f"--verify {args.verify}` on {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores; CPU-bound work "
-        f"fixed at {FFT_ROUNDS} FFT rounds per sample (about 2 ms)"
+        f"--verify {args.verify} --fft-rounds {args.fft_rounds}` on {time.strftime('%Y-%m-%d')}, "
+        f"{os.cpu_count()} cores (CPU-bound work: {args.fft_rounds} FFT rounds per sample, about 2 ms here)"
         + (f"; the grid's runs measured by an earlier run of the same command (`--grid-from`), its time the sum "
            "of those runs" if args.grid_from else ""),
         "",
@@ -203,16 +219,24 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep every trial's run record in DIR")
     parser.add_argument("--grid-from", type=Path, metavar="DIR",
                         help="reuse the grid kept by an earlier --keep run (DIR/<workload>/grid) instead of running it")
+    parser.add_argument("--fft-rounds", type=int,
+                        help="CPU-bound work per sample (default: 2 ms, calibrated once here); pass the "
+                             "count an earlier run printed when reusing its grid with --grid-from")
     args = parser.parse_args()
+    if args.fft_rounds is None:  # the fastest of three calibrations
+        args.fft_rounds = max(common.calibrate_fft_rounds(2.0) for _ in range(3))
+    print(f"CPU-bound work: {args.fft_rounds} FFT rounds per sample", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-bench-") as tmp:
         root = args.keep or Path(tmp)
         for key in args.workloads.split(","):
-            print(f"{key}: {WORKLOADS[key][0]}", flush=True)
-            rows.append(run_workload(key, root / key, args))
-            text = table(rows, args)
-            args.out.write_text(text + "\n")
-    print(text)
+            print(f"{key}: {WORKLOADS[key]}", flush=True)
+            try:
+                rows.append(run_workload(key, root / key, args))
+            except KeyboardInterrupt:
+                sys.exit(f"interrupted; the finished workloads are in {args.out}")
+            args.out.write_text(table(rows, args) + "\n")
+    print(table(rows, args))
 
 
 if __name__ == "__main__":

@@ -219,3 +219,36 @@ def test_short_epochs_climb_again_with_persistent_workers():
     assert result.best.settings.persistent_workers is True
     assert result.best.settings.num_workers >= 6
     assert result.speedup > 4
+
+
+def test_a_fix_is_tried_where_its_cause_shows_and_kept_for_the_climb():
+    # Oversubscribed from the start: the thread cap is tried beside the user's own run, before any
+    # climbing, and every later step keeps it (no climb without it, no second climb with it).
+    def rate(s):
+        return storage_bound(s) * (3.0 if s.worker_threads == 1 else 1.0)
+
+    workload = Workload(rate, diagnosis=lambda s: fake_diagnosis(
+        torch_threads=None if s.worker_threads else 4, cpu_ratio=1.0 if s.worker_threads else 3.5))
+    result = run_search(workload, start(2))
+    assert result.best.settings.worker_threads == 1 and result.best.settings.num_workers == 32
+    assert [s for s in workload.runs if s.num_workers != 2 and s.worker_threads is None] == []
+
+
+def test_a_fix_that_lost_is_tried_again_once_its_cause_has_doubled():
+    # As measured (bench/results): start-up grows with the workers, and persistent workers lose at
+    # 1 worker but win from 4 on.
+    startup = {0: 0.04, 1: 0.10, 2: 0.15, 3: 0.2, 4: 0.25, 6: 0.35, 8: 0.49, 12: 0.6, 16: 0.7, 24: 0.8, 32: 0.85}
+
+    def rate(s):
+        w = s.num_workers or 0
+        return 100.0 * max(w, 0.5) * (1.0 + startup[w] if s.persistent_workers and w >= 4 else
+                                      (0.95 if s.persistent_workers else 1.0))
+
+    workload = Workload(rate, noise=0.0, diagnosis=lambda s: fake_diagnosis(
+        startup=0.0 if s.persistent_workers else startup[s.num_workers or 0]))
+    result = run_search(workload, start(0))
+    persistent_tried_at = [s.num_workers for s in workload.runs if s.persistent_workers]
+    assert persistent_tried_at[0] == 1            # where start-up first showed: lost
+    assert 2 not in persistent_tried_at           # 15% is not twice 10%
+    assert persistent_tried_at[1] == 4            # 25%: tried again, and kept
+    assert result.best.settings.persistent_workers and result.best.settings.num_workers == 32
