@@ -93,6 +93,7 @@ class Row:
     again_yours: float | None     # medians of the re-measured runs
     again_tune: float | None
     again_grid: float | None
+    cpu_speed: tuple[int, int]    # FFT rounds per 2 ms of one core, before and after: the VM's speed
 
     @property
     def verified_speedup(self) -> float | None:
@@ -138,6 +139,7 @@ def grid_from_runs(grid_dir: Path, max_workers: int) -> tuple[dict, float]:
 
 def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
     title, command = WORKLOADS[key], workload_command(key, args.fft_rounds)
+    speed_before = common.calibrate_fft_rounds(2.0)
     options = TuneOptions(command=command, out=out / "tune", seconds=args.trial_seconds,
                           warmup_steps=args.warmup, max_workers=args.max_workers, stall_timeout_s=10.0)
     t0 = time.monotonic()
@@ -177,7 +179,8 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
                tune_best=(result.best.settings.label(), result.best.samples_per_s),
                grid_s=grid_s, tune_s=tune_s, grid_trials=len(rates) + 1,
                tune_runs=sum(len(t.runs) for t in result.trials), tune_speedup=result.speedup,
-               again_yours=median["yours"], again_tune=median["tune"], again_grid=median["grid"])
+               again_yours=median["yours"], again_tune=median["tune"], again_grid=median["grid"],
+               cpu_speed=(speed_before, common.calibrate_fft_rounds(2.0)))
 
 
 def table(rows: list[Row], args: argparse.Namespace) -> str:
@@ -189,18 +192,21 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
            "of those runs" if args.grid_from else ""),
         "",
         "Trial numbers: the median of a configuration's runs in the search, the grid's single run. "
-        f"Re-measured: {args.verify} fresh runs each of yours, tune's winner and the grid's winner, in turn (median).",
+        f"Re-measured: {args.verify} fresh runs each of yours, tune's winner and the grid's winner, in turn (median). "
+        "CPU speed: FFT rounds one core does in 2 ms (the CPU-bound work's unit), measured before and after "
+        "the workload; this VM's speed drifts by up to 1.6x over minutes with nothing else running.",
         "",
         "| workload | yours (samples/s) | grid best (trial) | tune best (trial) | tune/grid (trial) "
-        "| tune/grid (re-measured) | tune speed-up (re-measured) | tune time / grid time | runs: tune / grid |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| tune/grid (re-measured) | tune speed-up (re-measured) | tune time / grid time | runs: tune / grid "
+        "| CPU speed before → after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r.name} | {r.yours:,.0f} | {r.grid_best[0]}: {r.grid_best[1]:,.0f} | {r.tune_best[0]}: "
             f"{r.tune_best[1]:,.0f} | {r.tune_best[1] / r.grid_best[1]:.2f} | {_x(r.verified_ratio, '.2f')} "
             f"| {_x(r.verified_speedup, '.2f', '×')} | {r.tune_s / r.grid_s:.0%} ({r.tune_s:.0f} s / {r.grid_s:.0f} s) "
-            f"| {r.tune_runs} / {r.grid_trials} |")
+            f"| {r.tune_runs} / {r.grid_trials} | {r.cpu_speed[0]} → {r.cpu_speed[1]} |")
     return "\n".join(lines)
 
 

@@ -128,6 +128,10 @@ TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
 # tied, and the cheapest of them wins. The noise is the typical spread of two runs, about 1.1 standard
 # deviations of one run; half of it keeps what a tie can cost under 3% at the usual 3-6% noise.
 TUNE_TIE_SHARE_OF_NOISE = 0.5
+# The command's processes used at least this share of every core: the input pipeline cannot get more
+# CPU, so loading in the training process (num_workers=0, no pickling between processes) is tried.
+# SageMaker's CPUBottleneck rule counts a core over 90% as saturated (field-facts.md).
+TUNE_CORES_FULL_SHARE = 0.90
 # A fix that did not help (persistent workers, say) is tried again once its cause has grown this much:
 # worker start-up took 10% of a short-epoch run with 1 worker and 49% with 8 (2 cores, cpu_bound.py),
 # and persistent workers lost at 1 worker and won by 27% at 8.
