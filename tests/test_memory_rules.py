@@ -105,6 +105,31 @@ def test_memory_growth_on_cpu_gives_the_rate_per_step(tmp_path):
     assert "loss.item()" in f.recommendation
 
 
+def test_memory_growth_ignores_what_is_freed_after_the_last_step(tmp_path):
+    # Seen on a real leak: 1 GB fell back to 600 MB as the loop ended, and the readings after the
+    # last step (same step count, lower memory) broke the line's fit (R² 0.14).
+    run = run_of(tmp_path)  # 200 steps, the last one delivered at ~3.1 s; samples every 0.1 s
+    t0 = 1.0
+
+    def grow(sample):
+        for row in sample["procs"]:
+            if row[0] == MAIN_PID:
+                row[5] = int(500 * MiB + (sample["t"] - t0) / 0.0105 * 2 * MiB)
+        return sample
+    rewrite(run / schema.SAMPLES_FILE, grow)
+    lines = (run / schema.SAMPLES_FILE).read_text().splitlines()
+    last = json.loads(lines[-1])
+    with open(run / schema.SAMPLES_FILE, "a") as f:
+        for k in range(1, 11):  # a second after the loop: memory freed, no more steps
+            last["t"] += 0.1
+            for row in last["procs"]:
+                if row[0] == MAIN_PID:
+                    row[5] = 600 * MiB
+            f.write(json.dumps(last) + "\n")
+    f = analyze(run).finding("memory_growth")
+    assert f is not None and f.evidence["per_step_b"] == pytest.approx(2 * MiB, rel=0.1)
+
+
 def test_memory_growth_on_cuda_reads_allocated_memory(tmp_path):
     run = run_of(tmp_path, cuda=True, gpu_util_pattern=BUSY_GPU)
 
