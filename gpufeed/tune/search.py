@@ -256,7 +256,7 @@ class Search:
             # (it is tied), and one wrongly dropped is tried again on the best (``_other_settings``).
             if self._faster(candidate, trial):
                 trial = candidate
-                if candidate.samples_per_s > self.best.samples_per_s:
+                if self._faster(candidate, self.best):
                     self.best = candidate
         return trial
 
@@ -348,11 +348,6 @@ class Search:
         ok = [t for t in self.trials.values() if t.ok]
         tied = [t for t in ok if self._tied_with_best(t, th.TUNE_TIE_SHARE_OF_NOISE)]
         return min(tied, key=lambda t: (cheapness(t.settings), t.id))
-
-
-def _startup_share(trial: Trial) -> float | None:
-    diag = trial.diagnosis
-    return diag.metrics.worker_startup_share if diag is not None else None
 
 
 def _waits_for_data(trial: Trial) -> bool | None:
