@@ -1,6 +1,6 @@
 """Every threshold the analysis uses, in one place, each with its reason or source.
 
-Sources are summarised in ``shared/notes/field-facts.md`` (peers' rules and what users hit).
+Sources (peers' rules, what users hit, what was measured here) are in ``docs/sources.md``.
 Shares are fractions of the measured wall time; percentages are named ``*_PCT``.
 """
 
@@ -59,7 +59,7 @@ GPU_UTIL_LOW_PCT = 50.0
 # warm-up). A window can still open with prepared batches waiting: see ``analysis/metrics.py``.
 DEFAULT_WARMUP_STEPS = 10
 # Measured throughput above the loader's CPU-time bound by more than this is flagged as suspect
-# (the "measurement trap" in field-facts.md).
+# (docs/sources.md, "A measurement trap").
 CPU_BOUND_TOLERANCE = 1.10
 # Suggested prefetch_factor for latency-bound loaders: deeper queues absorb read-latency spread
 # (loadtune and tf.data both raise prefetching for latency-bound inputs).
@@ -119,7 +119,7 @@ TUNE_NOISE_CAP = 0.25
 # and, with short epochs, several worker start-ups), unless told otherwise.
 TUNE_TRIAL_SECONDS = 4.0
 # The largest num_workers tried, per core: latency-bound loaders scale far past the core count
-# (field-facts: 2 cores, 4 ms per sample, 8 workers gave 4.7x the throughput of 2).
+# (docs/sources.md: 2 cores, 4 ms per sample, 8 workers gave 4.7x the throughput of 2).
 TUNE_MAX_WORKERS_PER_CORE = 16
 # Workers tried on the way up; the refinement adds the points between (3, 6, 12, ...).
 TUNE_WORKER_LADDER = (0, 1, 2, 4, 8, 16, 32, 64, 128)
@@ -130,7 +130,7 @@ TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
 TUNE_TIE_SHARE_OF_NOISE = 0.5
 # The command's processes used at least this share of every core: the input pipeline cannot get more
 # CPU, so loading in the training process (num_workers=0, no pickling between processes) is tried.
-# SageMaker's CPUBottleneck rule counts a core over 90% as saturated (field-facts.md).
+# SageMaker's CPUBottleneck rule counts a core over 90% as saturated (docs/sources.md).
 TUNE_CORES_FULL_SHARE = 0.90
 # A fix that did not help (persistent workers, say) is tried again once its cause has grown this much:
 # worker start-up took 10% of a short-epoch run with 1 worker and 49% with 8 (2 cores, cpu_bound.py),
@@ -177,7 +177,7 @@ BATCH_FIT_MIN_R2 = 0.98
 # fixed memory dominates): the search doubles the batch instead of extrapolating.
 BATCH_FIT_MIN_SPREAD_SHARE = 0.02
 # The search stops once the largest batch that fits is within 3% of the smallest that does not
-# (or of the fit's prediction): inside the 5% the issue asks for, without trials of +1 steps.
+# (or of the fit's prediction): inside 5% of the true largest batch, without trials of +1 steps.
 BATCH_SEARCH_TOLERANCE = 0.03
 # Trials at most (Lightning's binsearch allows 25; halving and doubling plus a fit rarely need 8).
 BATCH_MAX_TRIALS = 12

@@ -4,7 +4,7 @@ The measured window opens at the request of the first step after warm-up and clo
 delivery of the training loader (the loader the loop iterated most). Throughput in that window is
 the smaller of what the loop consumed and what the workers produced: a window that opens while
 prepared batches wait in the loader would otherwise count them as if they were made in the window
-(the "measurement trap" in field-facts.md). It is also checked against the loader's CPU-time bound.
+(docs/sources.md, "A measurement trap"). It is also checked against the loader's CPU-time bound.
 """
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def _whole_epochs(its: list[IteratorRecord], t0: float, t1: float) -> tuple[floa
 
     With short epochs, worker start-up recurs every epoch and the loader's queue refills: a window
     cut mid-epoch counts a partial share of either. Whole epochs, each with its own start-up, are
-    the steady state (field-facts.md, "a measurement trap"): ends that see the same buffer state.
+    the steady state (docs/sources.md, "A measurement trap"): ends that see the same buffer state.
     """
     starts = sorted({it.t_created for it in its} | {t for it in its for t in it.epoch_starts})
     inside = [t for t in starts if t0 <= t <= t1]

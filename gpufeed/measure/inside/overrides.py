@@ -138,12 +138,12 @@ class WorkerThreadCap:
     def __call__(self, worker_id: int) -> None:
         for name in THREAD_ENV_VARS:  # for pools started later in this worker (and its children)
             os.environ[name] = str(self.threads)
-        # The user's own init first: it is often what raises the thread count (field-facts).
+        # The user's own init first: it is often what raises the thread count (docs/sources.md).
         if self.user_init_fn is not None:
             self.user_init_fn(worker_id)
         import torch
         torch.set_num_threads(self.threads)
-        cv2 = sys.modules.get("cv2")  # OpenCV's own pool (field-facts: a classic 4x slowdown)
+        cv2 = sys.modules.get("cv2")  # OpenCV's own pool (docs/sources.md: a classic 4x slowdown)
         if cv2 is not None and hasattr(cv2, "setNumThreads"):
             cv2.setNumThreads(self.threads)
 

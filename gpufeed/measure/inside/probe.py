@@ -47,7 +47,7 @@ RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
-FLUSH_INTERVAL_S = 1.0       # the promise: flushed at least every second
+FLUSH_INTERVAL_S = 1.0       # docs/run-record.md: flushed at least every second
 MEMORY_INTERVAL_S = 0.5      # torch.cuda.memory_stats builds a large dict: sample it, not every step
 MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the oldest are dropped
 # Reading process CPU time is a system call (~0.6 us): workers take it for every batch; the training
