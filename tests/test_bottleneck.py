@@ -93,3 +93,17 @@ def test_on_cuda_host_wait_while_the_gpu_is_busy_is_not_input(tmp_path):
     idle = diagnose(tmp_path / "idle", Scenario(cuda=True, wait_s=0.003, fetch_wall_s=0.04, fetch_cpu_s=0.001,
                                                 gpu_util_pattern=[70, 75, 72]))
     assert idle.finding("storage_latency") is not None
+
+
+def test_in_process_loading_waiting_for_a_core_is_not_asleep(tmp_path):
+    # num_workers=0 on a host busy with other programs: inside next() the training process got the CPU
+    # 7% of the time but the sampler saw it runnable: it waited for a core, not for storage.
+    busy = Scenario(num_workers=0, wait_s=0.030, fetch_cpu_s=0.002, host_cpu_pct=97)
+    d = diagnose(tmp_path / "busy", busy)
+    assert d.metrics.worker_fetch_cpu_ratio < 0.1 and d.metrics.worker_running_share == 1.0
+    assert d.finding("storage_latency") is None and d.finding("cpu_saturated") is not None
+    asleep = write_run(tmp_path / "asleep", dataclasses.replace(busy, host_cpu_pct=20))
+    lines = (asleep / "samples.jsonl").read_text().replace('"running"', '"sleeping"')
+    (asleep / "samples.jsonl").write_text(lines)
+    d = analyze(asleep)
+    assert d.metrics.worker_running_share == 0.0 and d.finding("storage_latency") is not None

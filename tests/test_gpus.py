@@ -1,6 +1,7 @@
 """The GPUs the job uses, never an average over unrelated ones (issue 11, point 8)."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -82,3 +83,29 @@ def test_nvml_devices_name_uuid_and_mig_instances():
     ]
     plain = fake_nvml()  # bindings without the UUID or MIG calls: N/A, never an error
     assert Nvml(module=plain).devices()[0] == {"index": 0, "name": "NVIDIA H100", "uuid": None, "mig_uuids": []}
+
+
+def test_each_rank_reads_the_gpu_its_torch_reported(tmp_path):
+    from gpufeed.record.reader import load_run
+    from tests.synthetic import RankSpec, write_ddp_run
+
+    run = write_ddp_run(tmp_path / "ddp", [RankSpec(gpu_util=[90.0]), RankSpec(gpu_util=[10.0])])
+    # A container: NVML lists no pid of ours. Rank 0's torch used the GPU NVML numbers 1, rank 1's GPU 0
+    # (CUDA_VISIBLE_DEVICES reversed them), which LOCAL_RANK alone would have swapped.
+    lines = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    for line in lines:
+        for g in line["gpus"]:
+            g["procs"] = {}
+    (run / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    meta = json.loads((run / "meta.json").read_text())
+    meta["sampler"]["gpus"] = DEVICES[:2]
+    (run / "meta.json").write_text(json.dumps(meta))
+    for pid, uuid in ((1000, UUIDS[1]), (1001, UUIDS[0])):
+        with open(run / "events" / f"{pid}.jsonl", "a") as f:
+            f.write(json.dumps({"kind": "cuda_device", "pid": pid, "t": 1.0, "index": 0, "uuid": uuid[4:],
+                                "visible": None, "order": None}) + "\n")
+    record = load_run(run)
+    from gpufeed.analysis.gpus import process_gpus
+    assert process_gpus(record, 1000) == [1] and process_gpus(record, 1001) == [0]
+    ranks = {r.rank: r for r in analyze(run).metrics.ranks}
+    assert ranks[0].gpu_util_p50_pct == pytest.approx(10.0) and ranks[1].gpu_util_p50_pct == pytest.approx(90.0)

@@ -50,6 +50,17 @@ def gpus_used(record: RunRecord) -> tuple[list[int], str | None]:
                 "list, no CUDA device seen by the probe), and unrelated GPUs are not averaged")
 
 
+def process_gpus(record: RunRecord, pid: int) -> list[int]:
+    """NVML indices of the GPU one process's torch used (its ``cuda_device`` event): by UUID, else by
+    its CUDA_VISIBLE_DEVICES and device number."""
+    devices = record.meta.sampler.get("gpus") or []
+    found: set[int] = set()
+    for ev in (e for e in record.cuda_devices if e.get("pid") == pid):
+        found.update(_by_uuid(devices, ev.get("uuid"))
+                     or visible_gpus(devices, ev.get("visible"), ev.get("index"), ev.get("order")))
+    return sorted(found)
+
+
 def _norm(uuid: Any) -> str:
     text = str(uuid or "").strip().lower()
     for prefix in ("gpu-", "mig-"):

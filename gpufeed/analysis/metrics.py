@@ -98,7 +98,7 @@ class Metrics:
     worker_fetch_cpu_ratio: float | None = None  # CPU time / wall time while fetching (1.0 = one full core)
     worker_asleep_share: float | None = None     # 1 - that ratio, floored at 0
     worker_busy_share: float | None = None       # share of the window the workers spent fetching
-    worker_running_share: float | None = None    # sampler: share of samples in state "running"
+    worker_running_share: float | None = None    # sampler: share in state "running" while making a batch (num_workers=0: the training process in next())
     worker_threads_median: float | None = None   # OS threads per worker process
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
@@ -176,7 +176,7 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
         window = (float(record.samples.t[0]), float(record.samples.t[-1]))
         m.wall_s = window[1] - window[0]
     if window is not None:
-        _host_metrics(m, record, window)
+        _host_metrics(m, record, window, training)
         _gpu_metrics(m, record, window, training)
     return m
 
@@ -303,7 +303,7 @@ def _in_window(record: RunRecord, window: tuple[float, float]) -> np.ndarray:
     return mask
 
 
-def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) -> None:
+def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], training: Any = None) -> None:
     s = record.samples
     if not len(s):
         return
@@ -329,6 +329,7 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) ->
 
     workers = record.worker_pids
     if not workers:
+        _in_process_running_share(m, record, mask, training)
         return
     # A worker's state only says something about its batches while it is making one: between
     # batches it sleeps on its index queue whatever the cause of slowness.
@@ -346,6 +347,24 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) ->
     if threads:
         m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
         m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))
+
+
+def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, training: Any) -> None:
+    """num_workers=0: the training process makes each batch inside next(). Its state then tells a
+    process waiting for a core (a host busy with other programs, a CPU quota) from one asleep on
+    I/O, as the workers' states do for them: its CPU time alone would call both "asleep"."""
+    if training is None or training.worker_pids:
+        return
+    its = [it for it in record.iterators if it.key == (training.pid, training.loader_id) and len(it.steps)]
+    if not its:
+        return
+    inside_next = np.concatenate([it.steps[:, 1:3] for it in its])
+    inside_next = inside_next[np.argsort(inside_next[:, 0])]
+    s = record.samples
+    states = [row[4] for i in np.flatnonzero(mask) for row in s.procs[i]
+              if row[0] == training.pid and _inside_a_fetch(inside_next, s.t[i])]
+    if states:
+        m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
 
 
 def _inside_a_fetch(rows: np.ndarray | None, t: float) -> bool:

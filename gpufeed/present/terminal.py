@@ -62,10 +62,15 @@ def gpus_named(m: Metrics) -> str:
 
 def headline(d: Diagnosis) -> str:
     """"COMPUTE (95% of the time); input costs 5%": what dominates, and what the others cost."""
+    return (d.bottleneck or "unknown").upper() + costs_sentence(d)
+
+
+def costs_sentence(d: Diagnosis) -> str:
+    """" (95% of the time); input costs 5%": the bottleneck's share and the others' (where measured)."""
     if d.bottleneck is None:
-        return "UNKNOWN"
+        return ""
     share = d.costs.get(d.bottleneck)
-    head = d.bottleneck.upper() + (f" ({share:.0%} of the time)" if share is not None else "")
+    head = f" ({share:.0%} of the time)" if share is not None else ""
     rest = [f"{kind} {'takes' if kind == 'compute' else 'costs'} {v:.0%}" for kind, v in d.costs.items()
             if kind != d.bottleneck and v is not None and round(v, 2) > 0]
     return "; ".join([head] + rest)

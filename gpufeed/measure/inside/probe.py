@@ -683,8 +683,12 @@ def _targets_cuda(args: tuple, kwargs: dict) -> bool:
     device = kwargs.get("device", args[0] if args else None)
     if isinstance(device, str):
         return device.startswith("cuda")
-    kind = getattr(device, "type", None) or getattr(getattr(device, "device", None), "type", None)
-    return kind == "cuda" or (isinstance(device, int) and not isinstance(device, bool))
+    if isinstance(device, int):
+        return not isinstance(device, bool)  # .to(0): a CUDA device number
+    is_cuda = getattr(device, "is_cuda", None)  # .to(other_tensor)
+    if isinstance(is_cuda, bool):
+        return is_cuda
+    return getattr(device, "type", None) == "cuda"  # torch.device
 
 
 def _unpatch_h2d() -> None:
