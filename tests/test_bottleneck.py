@@ -47,7 +47,7 @@ def test_moderate_waits_with_few_workers_are_always_explained(tmp_path, scenario
     f = d.finding("input_wait")
     assert f is not None and f.cost_share == pytest.approx(share)
     assert f"num_workers={scenario.num_workers} on 2 cores" in f.message
-    assert "already fill the 2 cores" in f.message
+    assert "already has at least as many workers as the job has cores for them (1 of 2 cores, one left" in f.message
     assert "`gpufeed tune -- python train.py`" in f.recommendation
     assert f.evidence["data_wait_share"] == pytest.approx(share)
     out = Console(width=200, record=True)

@@ -11,8 +11,9 @@ import gpufeed
 
 class SlowStorage(Dataset):
     """4 ms of (simulated) storage latency per sample: more workers pay off past the cores. Sleeping
-    costs no CPU, so the gain (about 4x with 8 workers) holds on a loaded machine, far above the 1.5x
-    asserted; at 2 ms the trials' noise on a busy 2-core host came too close to it."""
+    costs no CPU, so the gain from workers (up to their number, latency-bound) holds on a loaded
+    machine, well above the 1.5x asserted: at 2 ms a batch's latency was too close to the trials'
+    fixed costs on a busy 2-core host."""
 
     def __len__(self):
         return 96

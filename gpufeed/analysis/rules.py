@@ -424,8 +424,9 @@ def input_wait(ctx: Context, share: float) -> Finding:
     workers = (f"num_workers={m.num_workers}" if m.num_workers is not None else "an unknown num_workers")
     why = ""
     if m.num_workers is not None and m.num_workers >= _worker_cap(m):
-        why = (f" The workers already fill the {_cores(m.cpu_count)} the job may use "
-               f"beside its training step, so more of them would only share the same CPU.")
+        why = (f" It already has at least as many workers as the job has cores for them ({_worker_cap(m)} of "
+               f"{_cores(m.cpu_count)}{'' if m.cuda_used else ', one left for the training step'}), so more "
+               "would share the same CPU: whether that still pays is for a measurement to say.")
     cpu_ms = _cpu_ms_per_sample(m)
     return Finding(
         id="input_wait", severity=severity_for(share), cost_share=share,
