@@ -109,3 +109,12 @@ def test_each_rank_reads_the_gpu_its_torch_reported(tmp_path):
     assert process_gpus(record, 1000) == [1] and process_gpus(record, 1001) == [0]
     ranks = {r.rank: r for r in analyze(run).metrics.ranks}
     assert ranks[0].gpu_util_p50_pct == pytest.approx(10.0) and ranks[1].gpu_util_p50_pct == pytest.approx(90.0)
+
+
+def test_cuda_used_but_no_gpu_matched_says_why(tmp_path):
+    d = metrics(tmp_path, gpu_procs_listed=False)  # CUDA events, three GPUs, nothing names the job's
+    out = Console(width=300, record=True)
+    render(d, out)
+    text = out.export_text()
+    assert d.metrics.gpu_util_p50_pct is None
+    assert "NVML figures N/A: none of the host's 3 GPUs could be matched" in text

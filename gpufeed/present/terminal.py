@@ -34,11 +34,13 @@ def numbers_table(d: Diagnosis) -> Table:
         gpu = (f"{gpus_named(m)}util p5/p50/p95 {fmt(m.gpu_util_p5_pct, '.0f')}/{fmt(m.gpu_util_p50_pct, '.0f')}/"
                f"{fmt(m.gpu_util_p95_pct, '.0f', '%')} · idle waiting for data {fmt(m.gpu_idle_share, '.0%')} · "
                f"memory {human_bytes(m.gpu_mem_used_max_b)} of {human_bytes(m.gpu_mem_total_b)}")
+        if not m.gpu_indices and m.gpu_match:
+            gpu += f" · NVML figures {NA}: {m.gpu_match}"
     else:
         gpu = f"{NA}: {d.gpu_unavailable_reason or 'no GPU found'}"
     table.add_row("GPU", gpu)
-    table.add_row("CPU", f"{fmt(m.cpu_util_pct, '.0f', '%')} of {cpus_sentence(m)} · iowait {fmt(m.iowait_pct, '.0f', '%')} · RAM {human_bytes(m.mem_used_max_b)} "
-                         f"of {human_bytes(m.mem_total_b)}")
+    table.add_row("CPU", f"{fmt(m.cpu_util_pct, '.0f', '%')} of {cpus_sentence(m)} · iowait {fmt(m.iowait_pct, '.0f', '%')} · "
+                         f"RAM {human_bytes(m.mem_used_max_b)} of {human_bytes(m.mem_total_b)}")
     if m.num_workers is not None:
         if m.num_workers:
             workers = (f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''} · asleep {fmt(m.worker_asleep_share, '.0%')} of their fetch time · "
