@@ -5,6 +5,7 @@ script does, against small training scripts written to a temporary folder, and p
 per check (PASS/FAIL with the numbers). Keep what it prints in ``bench/results/``.
 
     python bench/gpu_check.py | tee bench/results/gpu_check-$(date +%F).txt
+    python bench/gpu_check.py transfer gpus     # only those sections (issue 11, points 6 and 8)
 
 It runs from a checkout without installing gpufeed (a lent GPU machine has its own torch and no
 registry): it needs torch with CUDA, psutil, rich, numpy and nvidia-ml-py importable.
@@ -61,11 +62,99 @@ def diagnose(tmp: Path, args: list[str], name: str) -> dict:
     cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--out", str(tmp / name), "--json", str(out), "--",
            sys.executable, str(tmp / "loader.py"), *args]
     started = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, COLUMNS="200"))
     print(f"      ({name}: exit {proc.returncode}, {time.monotonic() - started:.1f} s)", flush=True)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
-    return json.loads(out.read_text()) if out.exists() else {}
+    diag = json.loads(out.read_text()) if out.exists() else {}
+    diag["_stdout"] = proc.stdout
+    return diag
+
+
+def check_transfer_vs_compute(tmp: Path) -> None:
+    """Issue 11, point 6: a blocking .to(cuda) waits for the GPU work queued before it; that wait is
+    compute. CUDA events around the copy time the copy itself; the GPU's own idle time (events around
+    next()) decides whether the GPU waited for data."""
+    from gpufeed.record.reader import load_run
+
+    # Fast loader, heavy queued matmuls, small pageable batches: the host spends each step inside
+    # .to(cuda) waiting for the matmuls, while the copy itself (128 KiB) takes microseconds.
+    d = diagnose(tmp, ["0.0", "8192", "nopin", "1024", "80"], "blocking-copy")
+    m, ids = d.get("metrics", {}), {f["id"] for f in d.get("findings", [])}
+    h2d = load_run(tmp / "blocking-copy").h2d
+    timed = h2d[h2d[:, 4] == h2d[:, 4]] if len(h2d) and h2d.shape[1] > 4 else h2d[:0]
+    host_ms = statistics.median(timed[:, 2]) * 1e3 if len(timed) else None
+    copy_ms = statistics.median(timed[:, 4]) * 1e3 if len(timed) else None
+    check("copies timed by CUDA events (copy_s resolved)", len(timed) >= 0.9 * max(len(h2d), 1) and len(timed) > 0,
+          f"{len(timed)} of {len(h2d)} copies resolved")
+    if host_ms is not None:
+        check("a blocking copy's host time holds the queued compute, copy_s only the copy",
+              copy_ms * 10 < host_ms, f"median host {host_ms:.2f} ms in .to(), copy itself {copy_ms:.3f} ms")
+    check("no pageable_transfer when the copy itself is short", "pageable_transfer" not in ids
+          and (m.get("h2d_pageable_share") or 0) < 0.05,
+          f"h2d_pageable_share={m.get('h2d_pageable_share')} findings={sorted(ids)}")
+    check("compute-bound, never both compute_bound and transfer-bound",
+          d.get("bottleneck") == "compute" and not ({"compute_bound"} <= ids and ids & {"pageable_transfer",
+                                                                                     "blocking_transfer"}),
+          f"bottleneck={d.get('bottleneck')} costs={d.get('costs')}")
+
+    # Pinned, non-blocking copies and a loader faster than the GPU: the host runs ahead and waits in
+    # next(loader) most of its time, but the GPU never idles; that wait is not lost time.
+    d = diagnose(tmp, ["0.002", "8192", "pin", "1024", "100"], "host-ahead")
+    m, ids = d.get("metrics", {}), {f["id"] for f in d.get("findings", [])}
+    check("host waits in next() while the GPU works: GPU idle from events is small",
+          (m.get("data_wait_share") or 0) > 0.3 and (m.get("gpu_idle_share") or 1) < 0.05,
+          f"host data_wait_share={m.get('data_wait_share')} gpu_idle_share={m.get('gpu_idle_share')}")
+    check("host wait while the GPU is busy is not input-bound",
+          d.get("bottleneck") == "compute" and not ids & {"too_few_workers", "storage_latency", "cpu_saturated",
+                                                         "input_wait"},
+          f"bottleneck={d.get('bottleneck')} costs={d.get('costs')} findings={sorted(ids)}")
+
+
+def check_gpu_named(tmp: Path) -> None:
+    """Issue 11, point 8: the numbers come from the GPU the job uses, matched by NVML's process list
+    and by the UUID torch reports, and the output names it."""
+    from gpufeed.analysis.gpus import TORCH_DEVICE, gpus_used, visible_gpus
+    from gpufeed.record.reader import load_run
+
+    d = diagnose(tmp, ["0.002", "2048", "pin", "1024", "80"], "named")
+    m = d.get("metrics", {})
+    named = bool(m.get("gpu_indices")) and bool((m.get("gpu_names") or [None])[0])
+    check("the diagnosis reads the job's GPU and names it",
+          named and f"GPU {m['gpu_indices'][0]} ({m['gpu_names'][0]})" in d.get("_stdout", ""),
+          f"gpu_indices={m.get('gpu_indices')} gpu_names={m.get('gpu_names')} match={m.get('gpu_match')}")
+    record = load_run(tmp / "named")
+    devices = record.meta.sampler.get("gpus") or []
+    check("the probe recorded torch's device with its UUID", bool(record.cuda_devices)
+          and record.cuda_devices[0].get("uuid") is not None,
+          f"cuda_device={record.cuda_devices[:1]} nvml={devices[:2]}")
+    # Without NVML's process list (as in a container), torch's UUID alone must find the same GPU.
+    record.samples.gpu_procs = [{} for _ in record.samples.gpu_procs]
+    used, how = gpus_used(record)
+    check("torch's UUID matches NVML's", used == m.get("gpu_indices") and how == TORCH_DEVICE,
+          f"by UUID: {used} ({how}); by NVML processes: {m.get('gpu_indices')}")
+    visible = (devices[0].get("uuid") or "")[:12] if devices else ""
+    if visible:
+        env_d = _diagnose_env(tmp, ["0.002", "2048", "pin", "1024", "60"], "visible-uuid",
+                              {"CUDA_VISIBLE_DEVICES": visible})
+        mv = env_d.get("metrics", {})
+        check("a UUID prefix in CUDA_VISIBLE_DEVICES names NVML's GPU",
+              visible_gpus(devices, visible, None, None) == [devices[0]["index"]], f"{visible} in {devices[:1]}")
+        check("the job's GPU under CUDA_VISIBLE_DEVICES=<UUID prefix>", mv.get("gpu_indices") == [devices[0]["index"]],
+              f"CUDA_VISIBLE_DEVICES={visible} -> gpu_indices={mv.get('gpu_indices')} ({mv.get('gpu_match')})")
+
+
+def _diagnose_env(tmp: Path, args: list[str], name: str, env: dict[str, str]) -> dict:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return diagnose(tmp, args, name)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main() -> int:
@@ -95,9 +184,16 @@ def main() -> int:
         check("NVML read cost", statistics.median(times) < 0.005,
               f"median {statistics.median(times) * 1e3:.2f} ms per read of all GPUs (budget 5 ms at 10 Hz)")
 
+    only = set(sys.argv[1:])  # section names: transfer, gpus; none: everything
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         (tmp / "loader.py").write_text(LOADER_SCRIPT)
+        if not only or "transfer" in only:
+            check_transfer_vs_compute(tmp)
+        if not only or "gpus" in only:
+            check_gpu_named(tmp)
+        if only:
+            return _summary()
 
         # 1. GPU busy with queued kernels while the host waits: GPU idle < host data wait.
         d = diagnose(tmp, ["0.004", "4096", "nopin", "1024", "120"], "queued")
@@ -138,6 +234,10 @@ def main() -> int:
               f"throughput ratio median {statistics.median(ratios):.3f} (runs: "
               + ", ".join(f"{r:.3f}" for r in ratios) + ")")
 
+    return _summary()
+
+
+def _summary() -> int:
     failed = [n for n, ok, _ in RESULTS if not ok]
     print(f"{len(RESULTS) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

@@ -11,8 +11,9 @@ DATA_WAIT_SHARE_FLAG = 0.05
 # TensorFlow's input-pipeline analysis: > 20% is "highly input-bound".
 DATA_WAIT_SHARE_HIGH = 0.20
 
-# Any loss smaller than this is not worth naming as the bottleneck: the same 5% bar as above,
-# applied to every kind of lost time (data wait, pageable copies, host-side GPU idle).
+# The bottleneck is whichever of data wait, copies, host-side GPU idle and compute takes the largest
+# share of the wall time; a loss below this bar is not worth a finding of its own (the same 5% bar as
+# above, applied to every kind of lost time), and one at or above it is always explained by one.
 BOTTLENECK_MIN_SHARE = DATA_WAIT_SHARE_FLAG
 
 # -- Where the loader's time goes -------------------------------------------------------------------
@@ -173,6 +174,12 @@ BATCH_TARGET_SHARE = 0.90
 # A straight line fits memory against batch size when R^2 >= 0.98; below, the tool says memory is
 # not linear and falls back to a bisection on measured trials.
 BATCH_FIT_MIN_R2 = 0.98
+# The fit's largest batch is rounded to this many decimals before it is floored: the least-squares
+# slope carries float noise in its last bits (numpy 2.4 fits (1,10),(2,12),(4,16) with a slope of
+# 2.0000000000000004), which must not move a batch that lands exactly on the limit to the one below.
+# A millionth of a sample's memory is far above that noise (~1e-15 relative) and far below the peaks'
+# scatter around the line, which the search subtracts first.
+BATCH_FIT_PREDICT_DIGITS = 6
 # Points whose peaks differ by less than 2% of the limit tell nothing about the slope (the process's
 # fixed memory dominates): the search doubles the batch instead of extrapolating.
 BATCH_FIT_MIN_SPREAD_SHARE = 0.02

@@ -35,14 +35,24 @@ class Scenario:
     worker_status: str = "sleeping"
     host_cpu_pct: float = 40.0        # every core, every sample
     cuda: bool = False
-    gpu_idle_s: float | None = None   # per step, from CUDA events
-    h2d_host_s: float | None = None   # per step, pageable copy
+    gpu_idle_s: float | None = None   # per step, from CUDA events (None: idle through the whole wait)
+    h2d_host_s: float | None = None   # per step, pageable copy: the host's time in .to()
+    h2d_copy_s: float | None = None   # the copy's own time from CUDA events (None: not recorded)
     gpu_util_pattern: list[float] | None = None  # NVML readings, cycled
     with_loader: bool = True
     stall_s: float | None = None
     end_reason: str = schema.END_COMPLETED
     warmup_steps: int = 10
     extra_loaders: list[dict] = field(default_factory=list)
+    # Several GPUs: NVML readings of GPUs 1.. (the job's is 0), the job's pids in NVML's process list
+    # or not (containers, MIG), the probe's `cuda_device` event and the sampler's device list.
+    other_gpu_utils: list[float] = field(default_factory=list)
+    gpu_procs_listed: bool = True
+    cuda_device: dict | None = None
+    sampler_extra: dict = field(default_factory=dict)
+    # The CPUs the job may use (meta.cpus) and per-core host readings (default: host_cpu_pct on each)
+    cpus: dict | None = None
+    host_cpu_per_core: list[float] | None = None
 
 
 def write_run(path: Path, sc: Scenario) -> Path:
@@ -77,9 +87,9 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 cpu = sc.fetch_cpu_s if not sc.num_workers and i % 8 == 0 else None
                 rows.append([i, t_req, t_del, sc.batch_size, cpu])
                 if sc.cuda:
-                    cuda_rows.append([i, sc.gpu_idle_s or 0.0, 1e9, 2e9, 1.5e9])
+                    cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:
-                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False])
+                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
                 t = t_del + sc.compute_s
             events.write({"kind": "steps", "pid": MAIN_PID, "iter_id": epoch, "rows": rows})
             if cuda_rows:
@@ -93,6 +103,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 t += sc.stall_s
     else:
         t += 3.0
+    if sc.cuda_device is not None:
+        events.write({"kind": "cuda_device", "pid": MAIN_PID, "t": t_first, **sc.cuda_device})
     events.close()
     _write_samples(path, sc, t_first, t, all_workers)
     stall = None
@@ -112,9 +124,10 @@ def write_run(path: Path, sc: Scenario) -> Path:
                           command=["python", "train.py"], cwd=str(path), hostname="test", cpu_count=sc.cpu_count,
                           started_at_unix=1.7e9, clock_offset_s=1.7e9, t_start=0.0, t_end=t + 0.5,
                           exit_code=0 if sc.end_reason == schema.END_COMPLETED else 1, end_reason=sc.end_reason,
-                          message="test", warmup_steps=sc.warmup_steps, stall=stall,
+                          message="test", warmup_steps=sc.warmup_steps, stall=stall, cpus=sc.cpus,
                           sampler={"interval_s": 0.1, "samples": 0, "cpu_s": 0.0,
-                                   "gpu_error": None if sc.gpu_util_pattern else "NVML library not found"})
+                                   "gpu_error": None if sc.gpu_util_pattern else "NVML library not found",
+                                   **sc.sampler_extra})
     write_json_atomic(path / schema.META_FILE, meta.to_dict())
     return path
 
@@ -146,8 +159,11 @@ def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list
         if sc.gpu_util_pattern:
             util = sc.gpu_util_pattern[k % len(sc.gpu_util_pattern)]
             gpus = [{"index": 0, "util_pct": util, "mem_used_b": 30 * 2**30, "mem_total_b": 80 * 2**30,
-                     "procs": {str(MAIN_PID): 30 * 2**30}}]
-        lines.append({"t": t, "cpu_pct": [sc.host_cpu_pct] * sc.cpu_count, "iowait_pct": 0.5,
+                     "procs": {str(MAIN_PID): 30 * 2**30} if sc.gpu_procs_listed else {}}]
+            gpus += [{"index": i, "util_pct": u, "mem_used_b": 70 * 2**30, "mem_total_b": 80 * 2**30,
+                      "procs": {"77777": 70 * 2**30}} for i, u in enumerate(sc.other_gpu_utils, 1)]
+        cores = sc.host_cpu_per_core or [sc.host_cpu_pct] * sc.cpu_count
+        lines.append({"t": t, "cpu_pct": cores, "iowait_pct": 0.5,
                       "mem_used_b": 8 * 2**30, "mem_total_b": 24 * 2**30, "procs": procs, "gpus": gpus})
         t += 0.1
         k += 1

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from gpufeed.batchsize.result import FAILED, OK, OOM, BatchTrial
+from gpufeed.batchsize.result import FAILED, OK, OOM, BatchTrial, Fit
 from gpufeed.batchsize.search import BatchSearch, NothingFits, YourBatchFailed, fit_line, knee
 
 MiB = 2**20
@@ -166,3 +166,13 @@ def test_fit_line_and_knee():
     assert knee(trials) == 32
     assert knee([]) is None
     assert math.isfinite(fit.r2)
+
+
+def test_predict_does_not_flip_on_the_last_bit_of_a_float():
+    # numpy 2.4 fits (1,10),(2,12),(4,16) with a slope one ulp above 2: 11 must stay 11.
+    for slope in (2.0, 2.0000000000000004, 1.9999999999999996):
+        fit = Fit(intercept_b=8.0, per_sample_b=slope, r2=1.0, linear=True, points=3)
+        assert fit.predict(30) == 11
+    fit = Fit(intercept_b=8.0, per_sample_b=2.0, r2=1.0, linear=True, points=3)
+    assert fit.predict(29.99) == 10 and fit.predict(31.99) == 11 and fit.predict(32) == 12
+    assert Fit(intercept_b=8.0, per_sample_b=0.0, r2=1.0, linear=True, points=3).predict(30) is None

@@ -4,6 +4,7 @@ gpufeed's callbacks, TensorBoard scalars read back, and the Prometheus exporter 
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -21,19 +22,20 @@ from tests.test_cli import WORKLOADS, gpufeed
 
 
 class SlowData(Dataset):
-    """Samples that take 2 ms each to read: an input-bound loader with num_workers=0."""
+    """Samples that take 2 ms each to read (``sleep_s``): an input-bound loader with num_workers=0."""
 
-    def __init__(self, n: int = 240, as_dict: bool = False) -> None:
+    def __init__(self, n: int = 240, as_dict: bool = False, sleep_s: float = 0.002) -> None:
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 8, generator=g)
         self.y = torch.randint(0, 2, (n,), generator=g)
         self.as_dict = as_dict
+        self.sleep_s = sleep_s
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i: int):
-        time.sleep(0.002)
+        time.sleep(self.sleep_s)
         if self.as_dict:
             return {"input_ids": (self.x[i].abs() * 10).long() % 30, "labels": self.y[i]}
         return self.x[i], self.y[i]
@@ -60,7 +62,8 @@ def test_lightning_callback(tmp_path, caplog):
                          callbacks=[callback], enable_progress_bar=False, enable_checkpointing=False,
                          enable_model_summary=False)
     with caplog.at_level(logging.INFO, logger="lightning.pytorch"):
-        trainer.fit(Tiny(), DataLoader(SlowData(), batch_size=8))
+        # 64 ms of reading a batch against a few ms of Lightning's step: waiting for data dominates.
+        trainer.fit(Tiny(), DataLoader(SlowData(sleep_s=0.008), batch_size=8))
     d = callback.diagnosis
     assert d is not None and d.bottleneck == "input" and d.metrics.steps == 20   # 30 batches, 10 warm-up
     assert (tmp_path / "run" / "meta.json").exists()
@@ -143,23 +146,28 @@ def test_prometheus_exporter_serves_a_record(tmp_path):
 def test_diagnose_prometheus_while_the_command_runs(tmp_path):
     pytest.importorskip("prometheus_client")
     port = _free_port()
+    # The command runs until the test has scraped it (no race with its end on a slow machine), then
+    # Ctrl-C ends it as a user would.
     proc = subprocess.Popen([sys.executable, "-m", "gpufeed", "diagnose", "--out", str(tmp_path / "run"),
                              "--prometheus", str(port), "--", sys.executable, str(WORKLOADS / "storage_bound.py"),
-                             "--epochs", "4"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--epochs", "10000"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     scraped = ""
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline and "gpufeed_steps_total{" not in scraped:
             time.sleep(0.5)
             try:
                 scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
             except OSError:
                 pass  # not serving yet, or between two reads
+        assert proc.poll() is None, "the command ended before it was scraped"
+        proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == cli.EXIT_OK, out + err
+    assert proc.returncode == cli.EXIT_INTERRUPTED, out + err
     assert "gpufeed_steps_total{" in scraped and "gpufeed_data_wait_share{" in scraped
     with pytest.raises(OSError):  # the exporter ended with the run
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)

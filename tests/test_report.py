@@ -108,7 +108,10 @@ def test_zoom_moves_every_timeline_chart(tmp_path, browser):
     # uPlot keeps no handle on its element: zoom through the page's own list of charts.
     ranges = browser.evaluate(session, """(async () => {
         charts[0][0].setScale('x', {min: 1, max: 2});
-        await new Promise(r => setTimeout(r, 50));  // uPlot commits scale changes asynchronously
+        // uPlot commits scale changes asynchronously: wait until every chart moved (or 10 s went by),
+        // not a fixed 50 ms that a loaded machine may miss.
+        const moved = () => charts.slice(0, 5).every(([u]) => u.scales.x.min === 1 && u.scales.x.max === 2);
+        for (let i = 0; i < 200 && !moved(); i++) await new Promise(r => setTimeout(r, 50));
         return charts.slice(0, 5).map(([u]) => [u.scales.x.min, u.scales.x.max]);
     })()""")
     assert ranges == [[1, 2]] * 5

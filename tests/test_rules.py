@@ -103,8 +103,21 @@ def test_pageable_transfer_fires_on_blocking_copies(tmp_path):
     d = diagnose(tmp_path, PAGEABLE)
     f = d.finding("pageable_transfer")
     assert f is not None and f.evidence["h2d_pageable_share"] == pytest.approx(0.38, abs=0.02)
-    assert d.bottleneck == "transfer"
+    # Copies cost 38%; the step's compute takes the rest and dominates. Never compute_bound beside it.
+    assert d.bottleneck == "compute" and d.costs["transfer"] == pytest.approx(0.38, abs=0.02)
+    assert d.finding("compute_bound") is None
+    big = diagnose(tmp_path / "big", dataclasses.replace(PAGEABLE, h2d_host_s=0.007))
+    assert big.bottleneck == "transfer" and big.finding("pageable_transfer") is not None
     assert "pin_memory=True" in f.recommendation and "non_blocking=True" in f.recommendation
+
+
+def test_a_blocking_copy_that_waits_for_queued_compute_is_not_transfer(tmp_path):
+    # .to(cuda) held the host 4 ms, but CUDA events around the copy time it at 0.2 ms: the rest was
+    # the GPU finishing the work queued before it, which is compute.
+    d = diagnose(tmp_path, dataclasses.replace(PAGEABLE, h2d_copy_s=0.0002))
+    assert d.metrics.h2d_pageable_share == pytest.approx(0.0002 / 0.0105, rel=0.05)
+    assert d.finding("pageable_transfer") is None and d.bottleneck == "compute"
+    assert d.finding_ids == ["compute_bound"]
 
 
 @pytest.mark.parametrize("change", [{"pin_memory": True}, {"h2d_host_s": 0.0001}])

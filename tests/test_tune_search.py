@@ -21,7 +21,7 @@ def fake_diagnosis(data_wait=0.5, startup=0.0, cpu_ratio=0.9, torch_threads=1, c
                    cores_used=1.0):
     metrics = SimpleNamespace(data_wait_share=data_wait, worker_startup_share=startup,
                               worker_fetch_cpu_ratio=cpu_ratio, worker_torch_threads=torch_threads,
-                              cuda_used=cuda, cpu_cores_command=cores_used, cpu_count=2)
+                              cuda_used=cuda, gpu_idle_share=None, cpu_cores_command=cores_used, cpu_count=2)
     return SimpleNamespace(metrics=metrics, finding=lambda fid: fid if fid in findings else None)
 
 

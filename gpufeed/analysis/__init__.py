@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufeed import thresholds as th
 from gpufeed.analysis import ranks, rules
 from gpufeed.analysis.findings import SEVERITY_ORDER, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics, loader_summaries
@@ -25,6 +24,7 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     metrics, training = ranks.job_metrics(record, loaders)
     ctx = rules.Context(record=record, metrics=metrics, training=training)
     findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
+    findings += rules.unexplained_losses(ctx, findings)
     # Ranked by the time they cost; findings that cost nothing measurable come last.
     findings.sort(key=lambda f: (-(f.cost_share or 0.0), SEVERITY_ORDER[f.severity]))
     warnings = list(record.warnings) + ranks.rank_warnings(record, metrics)
@@ -33,6 +33,7 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     gpu_error = record.meta.sampler.get("gpu_error")
     return Diagnosis(
         bottleneck=primary_bottleneck(metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
+        costs=rules.costs(metrics),
         findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
         run_dirs=[str(p.run_dir) for p in record.parts],
         gpu_available=bool(record.samples.gpus) or metrics.cuda_used,
@@ -44,16 +45,13 @@ def analyze_record(record: RunRecord) -> Diagnosis:
 
 
 def primary_bottleneck(m: Metrics, has_data: bool) -> str | None:
-    """The largest measured loss of time, if any reaches the bar; otherwise the step's own compute."""
+    """What takes the largest share of the wall time: waiting for data, copies, other host idle, or the
+    step's own compute (``rules.costs``). A 3.2 s step with 5% of data wait is compute-bound; the
+    headline quantifies the rest ("COMPUTE; input costs 5%") and findings explain every loss."""
     if not has_data:
         return None
-    losses = {
-        "input": m.data_wait_share,
-        "transfer": m.h2d_pageable_share,
-        "host": rules.host_idle_share(m),
-    }
-    name, share = max(((k, v) for k, v in losses.items() if v is not None), key=lambda kv: kv[1],
-                      default=(None, None))
-    if name is not None and share >= th.BOTTLENECK_MIN_SHARE:
-        return name
-    return "compute"
+    measured = {k: v for k, v in rules.costs(m).items() if v is not None}
+    if not measured:
+        return rules.COMPUTE
+    # On a tie a loss wins over compute: a loss can be fixed.
+    return max(measured, key=lambda k: (measured[k], k != rules.COMPUTE))

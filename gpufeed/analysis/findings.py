@@ -46,7 +46,7 @@ class Finding:
 class Diagnosis:
     """The analysis of one run: its primary bottleneck, findings (ranked), metrics and loaders."""
 
-    bottleneck: str | None           # one of BOTTLENECKS; None when nothing could be measured
+    bottleneck: str | None           # one of BOTTLENECKS, the largest share of costs; None when nothing could be measured
     findings: list[Finding]
     metrics: Metrics
     loaders: list[LoaderSummary]
@@ -56,6 +56,8 @@ class Diagnosis:
     run: dict[str, Any]              # command, end_reason, exit_code, message
     warnings: list[str] = field(default_factory=list)
     run_dirs: list[str] = field(default_factory=list)  # a job merged from several nodes: all its runs
+    # The wall time split by BOTTLENECKS (shares; None where not measured): the headline's numbers.
+    costs: dict[str, float | None] = field(default_factory=dict)
 
     def finding(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)
@@ -67,6 +69,7 @@ class Diagnosis:
     def to_dict(self) -> dict[str, Any]:
         return {
             "bottleneck": self.bottleneck,
+            "costs": {k: json_safe(v) for k, v in self.costs.items()},
             "findings": [f.to_dict() for f in self.findings],
             "metrics": self.metrics.to_dict(),
             "loaders": [asdict(s) for s in self.loaders],

@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.gpus import gpus_used
+from gpufeed.measure.outside.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord
 
 RUNNING = "running"
@@ -60,7 +62,10 @@ class Metrics:
     data_wait_p90_ms: float | None = None
     compute_p50_ms: float | None = None
     data_wait_share: float | None = None
-    # the GPU
+    # the GPU: only the GPUs the job used (``analysis/gpus.py``), never others on the host
+    gpu_indices: list[int] = field(default_factory=list)   # NVML indices
+    gpu_names: list[str | None] = field(default_factory=list)
+    gpu_match: str | None = None              # how they were found, or why none was
     cuda_used: bool = False
     gpu_idle_share: float | None = None       # CUDA events: GPU idle while the loop waited for data
     gpu_util_p5_pct: float | None = None
@@ -72,11 +77,13 @@ class Metrics:
     cuda_mem_reserved_max_b: float | None = None
     h2d_pageable_share: float | None = None
     h2d_bytes_per_step: float | None = None
-    # the host
+    # the host: the CPUs the job may use (affinity, cgroup quota, SLURM; ``measure/outside/cpus.py``)
     cpu_count: int = 1
-    cpu_util_pct: float | None = None          # mean over cores
-    cpu_util_per_core_pct: list[float] = field(default_factory=list)
-    cpu_cores_busy: float | None = None
+    cpu_cores: list[int] = field(default_factory=list)  # host numbers of the cores the job may run on
+    cpu_limit: str | None = None               # why the job has fewer CPUs than the host, in words
+    cpu_util_pct: float | None = None          # mean over those cores (under a quota: the job's share of it)
+    cpu_util_per_core_pct: list[float] = field(default_factory=list)  # one per core in ``cpu_cores``
+    cpu_cores_busy: float | None = None        # cores' worth of time busy on those cores (any program)
     cpu_cores_command: float | None = None     # cores used by the command's own process tree
     iowait_pct: float | None = None
     mem_used_max_b: float | None = None
@@ -91,7 +98,7 @@ class Metrics:
     worker_fetch_cpu_ratio: float | None = None  # CPU time / wall time while fetching (1.0 = one full core)
     worker_asleep_share: float | None = None     # 1 - that ratio, floored at 0
     worker_busy_share: float | None = None       # share of the window the workers spent fetching
-    worker_running_share: float | None = None    # sampler: share of samples in state "running"
+    worker_running_share: float | None = None    # sampler: share in state "running" while making a batch (num_workers=0: the training process in next())
     worker_threads_median: float | None = None   # OS threads per worker process
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
@@ -169,7 +176,7 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
         window = (float(record.samples.t[0]), float(record.samples.t[-1]))
         m.wall_s = window[1] - window[0]
     if window is not None:
-        _host_metrics(m, record, window)
+        _host_metrics(m, record, window, training)
         _gpu_metrics(m, record, window, training)
     return m
 
@@ -296,12 +303,16 @@ def _in_window(record: RunRecord, window: tuple[float, float]) -> np.ndarray:
     return mask
 
 
-def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) -> None:
+def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], training: Any = None) -> None:
     s = record.samples
     if not len(s):
         return
     mask = _in_window(record, window)
-    cpu = s.cpu_pct[mask]
+    allowed = CpuAllowance.from_dict(record.meta.cpus, s.cpu_pct.shape[1])
+    # Only the cores the job may run on: idle cores it may not use are no headroom for it.
+    cores = [c for c in allowed.cores if c < s.cpu_pct.shape[1]] or list(range(s.cpu_pct.shape[1]))
+    m.cpu_cores, m.cpu_limit = cores, allowed.describe() or None
+    cpu = s.cpu_pct[mask][:, cores]
     per_core = np.nanmean(cpu, axis=0) if cpu.size and np.isfinite(cpu).any() else np.array([])
     m.cpu_util_per_core_pct = [round(float(v), 1) for v in per_core]
     m.cpu_util_pct = _mean(np.nanmean(cpu, axis=1)) if cpu.size else None
@@ -312,9 +323,13 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) ->
 
     tree_cores = [sum(row[2] or 0.0 for row in s.procs[i]) / 100.0 for i in np.flatnonzero(mask) if s.procs[i]]
     m.cpu_cores_command = float(np.mean(tree_cores)) if tree_cores else None
+    if allowed.capacity < len(cores) and m.cpu_cores_command is not None:
+        # A quota (or SLURM's count) below the cores it may run on: busy is the job's share of its quota.
+        m.cpu_util_pct = min(100.0, 100.0 * m.cpu_cores_command / allowed.capacity)
 
     workers = record.worker_pids
     if not workers:
+        _in_process_running_share(m, record, mask, training)
         return
     # A worker's state only says something about its batches while it is making one: between
     # batches it sleeps on its index queue whatever the cause of slowness.
@@ -332,6 +347,24 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float]) ->
     if threads:
         m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
         m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))
+
+
+def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, training: Any) -> None:
+    """num_workers=0: the training process makes each batch inside next(). Its state then tells a
+    process waiting for a core (a host busy with other programs, a CPU quota) from one asleep on
+    I/O, as the workers' states do for them: its CPU time alone would call both "asleep"."""
+    if training is None or training.worker_pids:
+        return
+    its = [it for it in record.iterators if it.key == (training.pid, training.loader_id) and len(it.steps)]
+    if not its:
+        return
+    inside_next = np.concatenate([it.steps[:, 1:3] for it in its])
+    inside_next = inside_next[np.argsort(inside_next[:, 0])]
+    s = record.samples
+    states = [row[4] for i in np.flatnonzero(mask) for row in s.procs[i]
+              if row[0] == training.pid and _inside_a_fetch(inside_next, s.t[i])]
+    if states:
+        m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
 
 
 def _inside_a_fetch(rows: np.ndarray | None, t: float) -> bool:
@@ -362,7 +395,7 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
         inside = h2d[(h2d[:, 0] >= window[0]) & (h2d[:, 0] <= window[1])]
         pageable = inside[inside[:, 3] == 0]
         if m.wall_s:
-            m.h2d_pageable_share = float(pageable[:, 2].sum() / m.wall_s)
+            m.h2d_pageable_share = _copy_seconds(pageable) / m.wall_s
         if m.steps:
             m.h2d_bytes_per_step = float(inside[:, 1].sum() / m.steps)
 
@@ -370,17 +403,26 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
     if not gpus:
         return
     mask = _in_window(record, window)
-    used = _gpus_used_by_run(record) or set(gpus)
-    util = np.concatenate([gpus[i]["util_pct"][mask] for i in sorted(used) if i in gpus])
+    used, m.gpu_match = gpus_used(record)
+    used = [i for i in used if i in gpus]
+    if not used:
+        return  # several GPUs, none known to be the job's: N/A, never an average over unrelated ones
+    names = {d.get("index"): d.get("name") for d in record.meta.sampler.get("gpus") or []}
+    m.gpu_indices, m.gpu_names = used, [names.get(i) for i in used]
+    util = np.concatenate([gpus[i]["util_pct"][mask] for i in used])
     m.gpu_util_p5_pct, m.gpu_util_p50_pct, m.gpu_util_p95_pct = (_pct(util, q) for q in (5, 50, 95))
-    m.gpu_mem_used_max_b = _max(np.concatenate([gpus[i]["mem_used_b"][mask] for i in used if i in gpus]))
-    m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used if i in gpus]))
+    m.gpu_mem_used_max_b = _max(np.concatenate([gpus[i]["mem_used_b"][mask] for i in used]))
+    m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used]))
 
 
-def _gpus_used_by_run(record: RunRecord) -> set[int]:
-    """GPUs on which a process of the command's tree held memory at some sample."""
-    tree = {int(row[0]) for procs in record.samples.procs for row in procs}
-    return {idx for per_gpu in record.samples.gpu_procs for idx, pids in per_gpu.items() if tree & set(pids)}
+def _copy_seconds(rows: np.ndarray) -> float:
+    """The copies' own time: CUDA events around each copy (copy_s), scaled up for copies whose events
+    were never resolved. Records without events (older ones) have only the host's time, which also
+    holds the wait for GPU work queued before a blocking copy."""
+    timed = np.isfinite(rows[:, 4]) if rows.shape[1] > 4 else np.zeros(len(rows), dtype=bool)
+    if timed.any():
+        return float(rows[timed, 4].sum() * len(rows) / timed.sum())
+    return float(rows[:, 2].sum())
 
 
 def _max(values: np.ndarray) -> float | None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.findings import Finding, severity_for
+from gpufeed.analysis.gpus import process_gpus
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute
 from gpufeed.record import schema
 from gpufeed.record.merge import PID_STRIDE
@@ -175,6 +176,7 @@ def _gpu_util(record: RunRecord, pid: int, local_rank: int | None, m: Metrics) -
     if not s.gpus or m.window_start_t is None:
         return np.empty(0)
     mine = {idx for per_gpu in s.gpu_procs for idx, pids in per_gpu.items() if pid in pids}
+    mine = mine or set(process_gpus(record, pid))  # the device its torch reported (analysis/gpus.py)
     if not mine and local_rank in s.gpus and not any(pids for per_gpu in s.gpu_procs for pids in per_gpu.values()
                                                      if set(pids) & _tree_pids(record)):
         mine = {local_rank}

@@ -26,7 +26,8 @@ Rule = Callable[[Context], "Finding | None"]
 
 # -- shared facts ------------------------------------------------------------------------------------
 def _input_bound(m: Metrics) -> bool:
-    return m.data_wait_share is not None and m.data_wait_share >= th.DATA_WAIT_SHARE_FLAG
+    share = input_share(m)
+    return share is not None and share >= th.DATA_WAIT_SHARE_FLAG
 
 
 def _host_saturated(m: Metrics) -> bool:
@@ -51,14 +52,14 @@ def _others_sentence(m: Metrics) -> str:
     others = m.cpu_cores_busy - m.cpu_cores_command
     if others < th.OTHER_PROGRAMS_CORES:
         return ""
-    return f" Other programs used {others:.1f} of the {m.cpu_count} cores; the command used {m.cpu_cores_command:.1f}."
+    return f" Other programs used {others:.1f} of the {_cores(m.cpu_count)}; the command used {m.cpu_cores_command:.1f}."
 
 
 def _wait_sentence(m: Metrics) -> str:
     who = "The GPU" if m.cuda_used else "The training loop"
     if m.focus_rank is not None:
         who += f" of rank {m.focus_rank}"
-    return (f"{who} waited for data {fmt(m.data_wait_share, '.0%')} of the time "
+    return (f"{who} waited for data {fmt(input_share(m), '.0%')} of the time "
             f"(p50 step {fmt(m.step_time_p50_ms, '.0f')} ms, of which {fmt(m.data_wait_p50_ms, '.0f')} ms in next(loader))")
 
 
@@ -80,6 +81,10 @@ def _cpu_ms_per_sample(m: Metrics) -> float | None:
     return None
 
 
+def _cores(n: int) -> str:
+    return f"{n} core{'s' if n != 1 else ''}"
+
+
 def _tune_hint() -> str:
     return "(`gpufeed tune` measures it)"
 
@@ -93,9 +98,9 @@ def too_few_workers(ctx: Context) -> Finding | None:
     if suggested <= m.num_workers:
         return None
     return Finding(
-        id="too_few_workers", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
+        id="too_few_workers", severity=severity_for(input_share(m)), cost_share=input_share(m),
         message=(f"{_wait_sentence(m)} while the CPU was only {fmt(m.cpu_util_pct, '.0f')}% busy: the DataLoader has "
-                 f"num_workers={m.num_workers} on {m.cpu_count} cores and preparing a batch is CPU work "
+                 f"num_workers={m.num_workers} on {_cores(m.cpu_count)} and preparing a batch is CPU work "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms each)."),
         recommendation=f"DataLoader(..., num_workers={suggested}) {_tune_hint()}.",
         evidence={**_wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
@@ -114,8 +119,8 @@ def cpu_saturated(ctx: Context) -> Finding | None:
     cpu_ms = _cpu_ms_per_sample(m)
     cost = f" ({fmt(cpu_ms, '.1f')} ms of CPU per sample)" if cpu_ms else ""
     return Finding(
-        id="cpu_saturated", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
-        message=(f"{_wait_sentence(m)} and all {m.cpu_count} cores were {fmt(m.cpu_util_pct, '.0f')}% busy: "
+        id="cpu_saturated", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        message=(f"{_wait_sentence(m)} and all {_cores(m.cpu_count)} were {fmt(m.cpu_util_pct, '.0f')}% busy: "
                  f"the CPU cannot prepare batches faster, so more workers cannot help.{_others_sentence(m)}"),
         recommendation=(f"Make each sample cheaper to prepare{cost}: decode smaller images, cache decoded "
                         "samples, move augmentation to the GPU; or run on more CPU cores."),
@@ -134,8 +139,8 @@ def storage_latency(ctx: Context) -> Finding | None:
     # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
     suggested = min(needed, th.TUNE_MAX_WORKERS_PER_CORE * m.cpu_count)
     return Finding(
-        id="storage_latency", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
-        message=(f"{_wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {m.cpu_count} cores "
+        id="storage_latency", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        message=(f"{_wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {_cores(m.cpu_count)} "
                  f"and the workers were {fmt(m.worker_asleep_share, '.0%')} asleep while fetching "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."
                  f"{_others_sentence(m)}"),
@@ -160,10 +165,10 @@ def too_many_workers(ctx: Context) -> Finding | None:
         return None
     running = (f"; {fmt(m.worker_running_share, '.0%')} of worker samples were runnable, waiting for a core"
                if m.worker_running_share is not None else "")
-    cost = m.data_wait_share if _input_bound(m) else None
+    cost = input_share(m) if _input_bound(m) else None
     return Finding(
         id="too_many_workers", severity=severity_for(cost), cost_share=cost,
-        message=(f"{m.num_workers} DataLoader workers compete for {m.cpu_count} cores ({fmt(m.cpu_util_pct, '.0f')}% busy): "
+        message=(f"{m.num_workers} DataLoader workers compete for {_cores(m.cpu_count)} ({fmt(m.cpu_util_pct, '.0f')}% busy): "
                  f"each was on a CPU only {fmt(m.worker_fetch_cpu_ratio, '.0%')} of the time it spent fetching{running}."),
         recommendation=f"DataLoader(..., num_workers={_worker_cap(m)}) {_tune_hint()}.",
         evidence={"num_workers": m.num_workers, "cpu_count": m.cpu_count, "cpu_util_pct": m.cpu_util_pct,
@@ -185,12 +190,12 @@ def thread_oversubscription(ctx: Context) -> Finding | None:
     threads_wanted = m.num_workers * max(torch_threads, m.worker_fetch_cpu_ratio)
     if not multithreaded or threads_wanted <= m.cpu_count:
         return None
-    cost = m.data_wait_share if _input_bound(m) else None
+    cost = input_share(m) if _input_bound(m) else None
     return Finding(
         id="thread_oversubscription", severity=severity_for(cost), cost_share=cost,
         message=(f"{m.num_workers} DataLoader workers each run several compute threads "
                  f"(torch.get_num_threads()={torch_threads}, {fmt(m.worker_fetch_cpu_ratio, '.1f')} cores busy per worker "
-                 f"while fetching, {fmt(m.worker_threads_median or 0, '.0f')} OS threads each) on {m.cpu_count} cores: "
+                 f"while fetching, {fmt(m.worker_threads_median or 0, '.0f')} OS threads each) on {_cores(m.cpu_count)}: "
                  f"{fmt(threads_wanted, '.0f')} threads contend for them."),
         recommendation=("Give each worker one thread: DataLoader(..., worker_init_fn=lambda _: "
                         "torch.set_num_threads(1)), plus cv2.setNumThreads(0) if OpenCV decodes, "
@@ -247,7 +252,7 @@ def fluctuating_utilization(ctx: Context) -> Finding | None:
     cause = ("it idles while the loop waits for data (see the findings above)" if _input_bound(m)
              else "it idles between bursts of work queued by the host")
     return Finding(
-        id="fluctuating_utilization", severity=severity_for(m.data_wait_share), cost_share=m.data_wait_share,
+        id="fluctuating_utilization", severity=severity_for(input_share(m)), cost_share=input_share(m),
         message=(f"GPU utilization saws between {fmt(m.gpu_util_p5_pct, '.0f')}% (p5) and {fmt(m.gpu_util_p95_pct, '.0f')}% (p95): "
                  f"the nvidia-smi sawtooth; the GPU works in bursts and {cause}."),
         recommendation=("Fix the input pipeline as the other findings say; the sawtooth flattens when batches "
@@ -266,25 +271,31 @@ def host_bound(ctx: Context) -> Finding | None:
     share = host_idle_share(m)
     if share is None or share < th.BOTTLENECK_MIN_SHARE or m.gpu_util_p50_pct >= th.GPU_UTIL_LOW_PCT:
         return None
+    return _host_finding(m, share, "host_bound")
+
+
+def _host_finding(m: Metrics, share: float, finding_id: str) -> Finding:
     return Finding(
-        id="host_bound", severity=severity_for(share), cost_share=share,
+        id=finding_id, severity=severity_for(share), cost_share=share,
         message=(f"The GPU was busy only {fmt(m.gpu_util_p50_pct, '.0f')}% of the time (p50) although data waits explain "
-                 f"just {fmt(m.data_wait_share or 0, '.0%')}: the host does not queue work fast enough."),
+                 f"just {fmt(input_share(m) or 0, '.0%')}: the host does not queue work fast enough "
+                 f"({fmt(share, '.0%')} of the time lost)."),
         recommendation=("Remove per-step synchronisations (loss.item(), printing CUDA tensors, blocking .to()); "
                         "torch.cuda.set_sync_debug_mode('warn') names them. A larger batch or CUDA graphs cut the "
                         "Python cost per sample."),
         evidence={"gpu_util_p50_pct": m.gpu_util_p50_pct, "data_wait_share": m.data_wait_share,
-                  "host_idle_share": share},
+                  "gpu_idle_share": m.gpu_idle_share, "host_idle_share": share},
         thresholds={"gpu_util_p50_pct": th.GPU_UTIL_LOW_PCT, "host_idle_share": th.BOTTLENECK_MIN_SHARE},
     )
 
 
 def compute_bound(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if ctx.training is None or m.data_wait_share is None or _input_bound(m):
+    if ctx.training is None or m.data_wait_share is None:
         return None
-    if host_idle_share(m) is not None and host_idle_share(m) >= th.BOTTLENECK_MIN_SHARE:
-        return None
+    if any(share is not None and share >= th.BOTTLENECK_MIN_SHARE for kind, share in costs(m).items()
+           if kind != COMPUTE):
+        return None  # a loss worth naming: its finding explains it; the run is not "compute-bound"
     return Finding(
         id="compute_bound", severity=INFO, cost_share=None,
         message=(f"The input pipeline keeps up: the loop waited for data only {fmt(m.data_wait_share, '.1%')} of the time "
@@ -352,11 +363,104 @@ def _innermost_frame(stack: str) -> str | None:
     return None
 
 
+def input_share(m: Metrics) -> float | None:
+    """The share of the wall time lost waiting for data. With CUDA events, the GPU's own idle time
+    inside next(loader): a host that waits while the GPU still works through queued steps loses
+    nothing. Elsewhere (CPU training, no events resolved) the loop's wait, which is then the truth."""
+    if m.cuda_used and m.gpu_idle_share is not None:
+        return m.gpu_idle_share
+    return m.data_wait_share
+
+
 def host_idle_share(m: Metrics) -> float | None:
-    """GPU time idle for reasons other than waiting for data (CUDA runs with NVML only)."""
+    """GPU time idle for reasons other than waiting for data or for copies (CUDA runs with NVML only)."""
     if not m.cuda_used or m.gpu_util_p50_pct is None:
         return None
-    return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (m.data_wait_share or 0.0))
+    return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (input_share(m) or 0.0) - (m.h2d_pageable_share or 0.0))
+
+
+INPUT, TRANSFER, HOST, COMPUTE = "input", "transfer", "host", "compute"
+
+
+def costs(m: Metrics) -> dict[str, float | None]:
+    """The wall time split four ways (shares; None where not measured): waiting for data, blocked in
+    copies to the GPU, the GPU idle for other host reasons, and the rest, the step's own compute."""
+    losses = {INPUT: input_share(m), TRANSFER: m.h2d_pageable_share, HOST: host_idle_share(m)}
+    measured = [v for v in losses.values() if v is not None]
+    losses[COMPUTE] = max(0.0, 1.0 - sum(measured)) if measured else None
+    return losses
+
+
+# -- every loss worth naming is explained --------------------------------------------------------------
+# The findings that explain each kind of loss with a cause and a fix. When none of them fired for a
+# loss that reaches the bar, a general finding states the measured facts and how to find the fix.
+EXPLAINED_BY = {
+    INPUT: {"too_few_workers", "cpu_saturated", "storage_latency", "too_many_workers", "thread_oversubscription",
+            "worker_restart", "loader_stalled", "straggler_rank"},
+    TRANSFER: {"pageable_transfer"},
+    HOST: {"host_bound"},
+}
+
+
+def unexplained_losses(ctx: Context, findings: list[Finding]) -> list[Finding]:
+    fired = {f.id for f in findings}
+    general = {INPUT: input_wait, TRANSFER: blocking_transfer, HOST: host_idle}
+    out = []
+    for kind, share in costs(ctx.metrics).items():
+        if kind in EXPLAINED_BY and share is not None and share >= th.BOTTLENECK_MIN_SHARE \
+                and not fired & EXPLAINED_BY[kind]:
+            out.append(general[kind](ctx, share))
+    return out
+
+
+def _tune_command(ctx: Context) -> str:
+    command = " ".join(ctx.record.meta.command) or "python train.py"
+    return f"gpufeed tune -- {command}"
+
+
+def input_wait(ctx: Context, share: float) -> Finding:
+    """Data waits no specific rule explains: the facts, and the command that measures the fix."""
+    m = ctx.metrics
+    workers = (f"num_workers={m.num_workers}" if m.num_workers is not None else "an unknown num_workers")
+    why = ""
+    if m.num_workers is not None and m.num_workers >= _worker_cap(m):
+        why = (f" It already has at least as many workers as the job has cores for them ({_worker_cap(m)} of "
+               f"{_cores(m.cpu_count)}{'' if m.cuda_used else ', one left for the training step'}), so more "
+               "would share the same CPU: whether that still pays is for a measurement to say.")
+    cpu_ms = _cpu_ms_per_sample(m)
+    return Finding(
+        id="input_wait", severity=severity_for(share), cost_share=share,
+        message=(f"{_wait_sentence(m)}. The DataLoader has {workers} on {_cores(m.cpu_count)} "
+                 f"({fmt(m.cpu_util_pct, '.0f')}% busy); a batch takes "
+                 f"{fmt(m.fetch_ms_per_batch_p50, '.0f')} ms to prepare and the step computes for "
+                 f"{fmt(m.compute_p50_ms, '.0f')} ms.{why}{_others_sentence(m)}"),
+        recommendation=(f"`{_tune_command(ctx)}` measures num_workers, prefetch_factor and persistent_workers on "
+                        f"this job; if none helps, make each sample cheaper to prepare"
+                        f"{f' ({cpu_ms:.1f} ms of CPU per sample)' if cpu_ms else ''} or run on more cores."),
+        evidence={**_wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
+                  "cpu_util_pct": m.cpu_util_pct, "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50,
+                  "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio, "workers_needed": m.workers_needed,
+                  "loader_cpu_ms_per_sample": cpu_ms},
+        thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG},
+    )
+
+
+def blocking_transfer(ctx: Context, share: float) -> Finding:
+    m = ctx.metrics
+    return Finding(
+        id="blocking_transfer", severity=severity_for(share), cost_share=share,
+        message=(f"Copies of batches to the GPU blocked the training loop {fmt(share, '.0%')} of the time "
+                 f"({fmt((m.h2d_bytes_per_step or 0) / 2**20, '.1f')} MiB a step, the copy itself timed by CUDA events)."),
+        recommendation=("batch.to(device, non_blocking=True) from pinned memory (DataLoader(..., pin_memory=True)) "
+                        "overlaps the copy with compute; sending fewer bytes (uint8 images, normalised on the GPU) "
+                        "shortens it."),
+        evidence={"h2d_pageable_share": m.h2d_pageable_share, "h2d_bytes_per_step": m.h2d_bytes_per_step},
+        thresholds={"h2d_pageable_share": th.PAGEABLE_COPY_SHARE_FLAG},
+    )
+
+
+def host_idle(ctx: Context, share: float) -> Finding:
+    return _host_finding(ctx.metrics, share, "host_idle")
 
 
 RULES: tuple[Rule, ...] = (

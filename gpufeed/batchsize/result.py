@@ -4,8 +4,11 @@
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from gpufeed import thresholds as th
 
 OK, OOM, FAILED = "ok", "oom", "failed"
 FORMAT = "gpufeed.batch_size/1"
@@ -44,7 +47,8 @@ class Fit:
         """The largest batch whose predicted memory stays within ``limit_b``."""
         if self.per_sample_b <= 0:
             return None
-        return int((limit_b - self.intercept_b) // self.per_sample_b)
+        # Rounded before flooring: a least-squares slope of 2.0000000000000004 must not turn 11 into 10.
+        return math.floor(round((limit_b - self.intercept_b) / self.per_sample_b, th.BATCH_FIT_PREDICT_DIGITS))
 
     def to_dict(self) -> dict[str, Any]:
         return {"intercept_b": self.intercept_b, "per_sample_b": self.per_sample_b, "r2": self.r2,

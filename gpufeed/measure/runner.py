@@ -25,6 +25,7 @@ import psutil
 
 import gpufeed
 from gpufeed.measure.inside import probe as _probe
+from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.record import schema
 from gpufeed.record.writer import write_json_atomic
@@ -113,10 +114,11 @@ def start_record(run_dir: Path, command: list[str], steps: int | None, warmup_st
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / schema.EVENTS_DIR).mkdir(exist_ok=True)
     now_mono, now_unix = time.perf_counter(), time.time()
+    cpus = usable_cpus()  # the command inherits gpufeed's affinity and cgroup
     meta = schema.RunMeta(
         schema_version=schema.SCHEMA_VERSION, gpufeed_version=gpufeed.__version__,
         name=run_dir.name, command=list(command), cwd=os.getcwd(),
-        hostname=socket.gethostname(), cpu_count=os.cpu_count() or 1,
+        hostname=socket.gethostname(), cpu_count=cpus.count, cpus=cpus.to_dict(),
         started_at_unix=now_unix, clock_offset_s=now_unix - now_mono, t_start=now_mono,
         steps_requested=steps, warmup_steps=warmup_steps,
     )

@@ -32,7 +32,7 @@ from rich.console import Console
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.metrics import loader_summaries
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
-from gpufeed.present.terminal import numbers_table
+from gpufeed.present.terminal import costs_sentence, numbers_table
 from gpufeed.record import schema
 from gpufeed.record.reader import RecordError, RunRecord, SchemaTooNew, load_run
 from gpufeed.units import NA, fmt, human_bytes
@@ -48,6 +48,7 @@ GIB = 2.0**30
 
 _HERE = Path(__file__).parent
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True)
+_env.filters["costs_sentence"] = costs_sentence
 
 
 def _num(value: Any) -> str:

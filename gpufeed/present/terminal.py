@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
+from gpufeed.analysis.metrics import Metrics
 from gpufeed.units import NA, fmt, human_bytes
 
 SEVERITY_STYLE = {HIGH: "bold red", MEDIUM: "yellow", LOW: "cyan", INFO: "green"}
@@ -27,17 +28,19 @@ def numbers_table(d: Diagnosis) -> Table:
                                    f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")
         table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
                                    f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in next(loader)")
-    if d.gpu_available:
-        gpu = (f"util p5/p50/p95 {fmt(m.gpu_util_p5_pct, '.0f')}/{fmt(m.gpu_util_p50_pct, '.0f')}/"
+    if d.gpu_available and not m.gpu_indices and m.gpu_match and not m.cuda_used:
+        gpu = f"{NA}: {m.gpu_match}"
+    elif d.gpu_available:
+        gpu = (f"{gpus_named(m)}util p5/p50/p95 {fmt(m.gpu_util_p5_pct, '.0f')}/{fmt(m.gpu_util_p50_pct, '.0f')}/"
                f"{fmt(m.gpu_util_p95_pct, '.0f', '%')} · idle waiting for data {fmt(m.gpu_idle_share, '.0%')} · "
                f"memory {human_bytes(m.gpu_mem_used_max_b)} of {human_bytes(m.gpu_mem_total_b)}")
+        if not m.gpu_indices and m.gpu_match:
+            gpu += f" · NVML figures {NA}: {m.gpu_match}"
     else:
         gpu = f"{NA}: {d.gpu_unavailable_reason or 'no GPU found'}"
     table.add_row("GPU", gpu)
-    per_core = " ".join(f"{v:.0f}" for v in m.cpu_util_per_core_pct)
-    table.add_row("CPU", f"{fmt(m.cpu_util_pct, '.0f', '%')} of {m.cpu_count} cores (per core: {per_core or NA}) · "
-                         f"iowait {fmt(m.iowait_pct, '.0f', '%')} · RAM {human_bytes(m.mem_used_max_b)} "
-                         f"of {human_bytes(m.mem_total_b)}")
+    table.add_row("CPU", f"{fmt(m.cpu_util_pct, '.0f', '%')} of {cpus_sentence(m)} · iowait {fmt(m.iowait_pct, '.0f', '%')} · "
+                         f"RAM {human_bytes(m.mem_used_max_b)} of {human_bytes(m.mem_total_b)}")
     if m.num_workers is not None:
         if m.num_workers:
             workers = (f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''} · asleep {fmt(m.worker_asleep_share, '.0%')} of their fetch time · "
@@ -49,6 +52,42 @@ def numbers_table(d: Diagnosis) -> Table:
             workers += f" · start-up {m.worker_startup_s:.2f} s ({fmt(m.worker_startup_share, '.0%')})"
         table.add_row("Loader", workers)
     return table
+
+
+def gpus_named(m: Metrics) -> str:
+    """"GPU 1 (NVIDIA A10) · ": the GPUs the figures come from, by NVML index."""
+    if not m.gpu_indices:
+        return ""
+    names = ", ".join(f"GPU {i}" + (f" ({n})" if n else "") for i, n in zip(m.gpu_indices, m.gpu_names))
+    return f"{names} · "
+
+
+def headline(d: Diagnosis) -> str:
+    """"COMPUTE (95% of the time); input costs 5%": what dominates, and what the others cost."""
+    return (d.bottleneck or "unknown").upper() + costs_sentence(d)
+
+
+def costs_sentence(d: Diagnosis) -> str:
+    """" (95% of the time); input costs 5%": the bottleneck's share and the others' (where measured)."""
+    if d.bottleneck is None:
+        return ""
+    share = d.costs.get(d.bottleneck)
+    head = f" ({share:.0%} of the time)" if share is not None else ""
+    rest = [f"{kind} {'takes' if kind == 'compute' else 'costs'} {v:.0%}" for kind, v in d.costs.items()
+            if kind != d.bottleneck and v is not None and round(v, 2) > 0]
+    return "; ".join([head] + rest)
+
+
+def cpus_sentence(m: Metrics) -> str:
+    """"2 cores (per core: 95 90)", or for a job limited to fewer CPUs than the host
+    "1 core (core 3: 95) · CPU affinity: core 3; the host has 8"."""
+    cores = f"{m.cpu_count} core{'s' if m.cpu_count != 1 else ''}"
+    values = " ".join(f"{v:.0f}" for v in m.cpu_util_per_core_pct) or NA
+    if not m.cpu_limit:
+        return f"{cores} (per core: {values})"
+    named = " ".join(f"{c}:{v:.0f}" for c, v in zip(m.cpu_cores, m.cpu_util_per_core_pct)) or NA
+    label = f"core {named}" if len(m.cpu_cores) == 1 else f"per core {named}"
+    return f"{cores} ({label}) · {m.cpu_limit}"
 
 
 MAX_RANK_ROWS = 16  # a large job shows the ranks that wait for data most; the JSON has them all
@@ -105,8 +144,7 @@ def render(d: Diagnosis, console: Console | None = None) -> None:
     console.print(Text.assemble(("gpufeed ", "bold"), ("· ", "dim"), " ".join(run.get("command") or [])))
     if run.get("message"):
         console.print(Text(run["message"], style=status_style))
-    bottleneck = (d.bottleneck or "unknown").upper()
-    console.print(Text.assemble(("Bottleneck: ", "bold"), (bottleneck, "bold magenta")))
+    console.print(Text.assemble(("Bottleneck: ", "bold"), (headline(d), "bold magenta")))
     console.print(Panel(numbers_table(d), title="measured", title_align="left", expand=False))
     if len(d.metrics.ranks) > 1:
         focus = f" (above: rank {d.metrics.focus_rank}'s; throughput: the job's)" \

@@ -175,4 +175,5 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},
         ends={pid: ev for p in parts for pid, ev in p.ends.items()},
         warnings=warnings, parts=parts,
+        cuda_devices=first.cuda_devices,  # the GPUs of node 0, whose samples these are
     )

@@ -86,7 +86,7 @@ class RunRecord:
     processes: list[dict[str, Any]]
     iterators: list[IteratorRecord]
     fetches: list[FetchRecord]
-    h2d: np.ndarray               # (k, 4): schema.H2D_COLUMNS
+    h2d: np.ndarray               # (k, 5): schema.H2D_COLUMNS
     samples: Samples
     stalls: list[dict[str, Any]]
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
@@ -99,6 +99,8 @@ class RunRecord:
     pid_offset: int = 0
     # pid -> memory readings of the `memory` and `exit` events (uss_start_b, rss_peak_b, uss_b, cuda_mem_peak_b, ...)
     memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    # `cuda_device` events: the GPU each training process's torch uses (index, name, uuid, visible)
+    cuda_devices: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -175,7 +177,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
-    processes, stalls, exits, ends, overrides, memory = [], [], {}, {}, [], {}
+    processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -208,6 +210,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 stalls.append(ev)
             elif kind == "override":
                 overrides.append(ev)
+            elif kind == "cuda_device":
+                cuda_devices.append(ev)
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
                 ends[pid] = ev
@@ -238,6 +242,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
+        cuda_devices=cuda_devices,
     )
 
 

@@ -27,7 +27,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``fetches``   pid, worker_id, torch_threads, rows of [t_start, t_end, cpu_s, samples]: one batch
               made by a DataLoader worker each
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
-``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
+``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s]: host-to-device tensor copies; host_s is
+              the host's time in the call (a blocking copy first waits for queued GPU work), copy_s
+              the copy's own time from CUDA events around it (null where not resolved)
 ``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
 ``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
               uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception); memory at exit where readable:
@@ -62,7 +64,7 @@ STEPS_REACHED_MARKER = "steps-reached"  # written by the probe when it ended the
 STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
-H2D_COLUMNS = ("t", "bytes", "host_s", "pinned")
+H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
 PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
 
 # How a run ended (RunMeta.end_reason).
@@ -109,7 +111,7 @@ class RunMeta:
     command: list[str]
     cwd: str
     hostname: str
-    cpu_count: int
+    cpu_count: int                   # CPUs the job may use (affinity, cgroup quota, SLURM): ``cpus.count``
     started_at_unix: float
     clock_offset_s: float            # unix time = monotonic time + clock_offset_s
     t_start: float
@@ -122,6 +124,9 @@ class RunMeta:
     stall: dict[str, Any] | None = None
     sampler: dict[str, Any] = field(default_factory=dict)  # interval_s, cpu_s, samples, gpu_error
     stderr_tail: list[str] = field(default_factory=list)
+    # Which CPUs and why (``measure/outside/cpus.py``): count, cores, host_count, quota_cpus, slurm_cpus,
+    # limited_by. None in records written before it existed: the whole host.
+    cpus: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

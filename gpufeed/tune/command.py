@@ -9,7 +9,6 @@ trial are ended by the runner, as for ``diagnose``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis import analyze
 from gpufeed.analysis.findings import Diagnosis
 from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Overrides
+from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run
@@ -147,7 +147,7 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
             return replay.pop()
         return trials(settings, why)
 
-    search = Search(measure, baseline, cpu_count or os.cpu_count() or 1, budget_s=options.budget_s,
+    search = Search(measure, baseline, cpu_count or usable_cpus().count, budget_s=options.budget_s,
                     max_workers=options.max_workers, on_trial=on_trial)
     result = search.run(command=options.command, site=trials.site)
     result.elapsed_s = time.monotonic() - t0

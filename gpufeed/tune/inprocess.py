@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpufeed.measure.inside.overrides import LoaderSettings, apply
+from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun, TuneResult
 from gpufeed.tune.search import Search
 
@@ -63,7 +64,7 @@ def tune_loader(dataset: Any, train_step: Callable[[Any], Any], *, seconds: floa
         num_workers=loader_kwargs.get("num_workers", 0), prefetch_factor=loader_kwargs.get("prefetch_factor"),
         persistent_workers=bool(loader_kwargs.get("persistent_workers", False)),
         pin_memory=bool(loader_kwargs.get("pin_memory", False)))
-    search = Search(measure, baseline, os.cpu_count() or 1, budget_s=budget_s, max_workers=max_workers)
+    search = Search(measure, baseline, usable_cpus().count, budget_s=budget_s, max_workers=max_workers)
     result = search.run(command=["<in-process>"])
     from gpufeed.tune.command import save
     save(result, out_dir)

@@ -32,6 +32,7 @@ import time
 from typing import Callable
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.rules import input_share
 from gpufeed.measure.inside.overrides import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
@@ -352,7 +353,7 @@ class Search:
 
 def _waits_for_data(trial: Trial) -> bool | None:
     diag = trial.diagnosis
-    share = diag.metrics.data_wait_share if diag is not None else None
+    share = input_share(diag.metrics) if diag is not None else None  # with CUDA: the GPU's own idle time
     return None if share is None else share >= th.DATA_WAIT_SHARE_FLAG
 
 

@@ -138,6 +138,7 @@ class Probe:
         self._fetch_rows: list[tuple] = []
         self._fetch_meta: dict | None = None
         self._h2d_rows: list[tuple] = []
+        self._h2d_pending: deque = deque()  # copies with CUDA events the GPU has not reached yet
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self._pid}.jsonl"))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._background, name="gpufeed-probe", daemon=True)
@@ -199,6 +200,12 @@ class Probe:
             # Read `done` before taking rows: rows appended before the iterator died are written below.
             self._iterators = [it for it in iterators if not (it.done and not it.cuda_pending)]
         lines = events
+        if final:
+            try:
+                self._resolve_h2d(wait=True)
+            except Exception:
+                self._h2d_pending.clear()
+            h2d_rows, self._h2d_rows = h2d_rows + self._h2d_rows, []
         for it in iterators:
             if final:
                 try:
@@ -237,8 +244,31 @@ class Probe:
         self._fetch_meta = {"worker_id": info.id if info is not None else None,
                             "torch_threads": torch.get_num_threads()}
 
-    def record_h2d(self, t: float, nbytes: int, host_s: float, pinned: bool) -> None:
-        self._h2d_rows.append((t, nbytes, host_s, pinned))
+    def record_h2d(self, t: float, nbytes: int, host_s: float, pinned: bool, events: Any = None) -> None:
+        """One copy to the GPU. ``events``: CUDA events recorded just before and after it in the stream,
+        so its row gets the copy's own time (copy_s) once the GPU has done it. A blocking copy first
+        waits for the GPU work already queued (host_s includes that wait: it is compute, not transfer)."""
+        if events is None:
+            self._h2d_rows.append((t, nbytes, host_s, pinned, None))
+            return
+        self._h2d_pending.append((t, nbytes, host_s, pinned) + tuple(events))
+        if len(self._h2d_pending) > MAX_PENDING_CUDA_STEPS:
+            self._resolve_h2d(wait=False)
+
+    def _resolve_h2d(self, wait: bool) -> None:
+        """Rows for the copies the GPU has done, oldest first; never blocks unless ``wait``."""
+        pending = self._h2d_pending
+        while pending:
+            t, nbytes, host_s, pinned, start, end = pending[0]
+            if not wait and not end.query():
+                break
+            if wait:
+                end.synchronize()
+            pending.popleft()
+            self._h2d_rows.append((t, nbytes, host_s, pinned, start.elapsed_time(end) / 1000.0))
+        while len(pending) > MAX_PENDING_CUDA_STEPS:
+            t, nbytes, host_s, pinned, _start, _end = pending.popleft()
+            self._h2d_rows.append((t, nbytes, host_s, pinned, None))  # unresolved: the copy time is N/A
 
     # -- CUDA: events in the stream, resolved lazily ----------------------------------------------
     def cuda_step(self, state: _IteratorState, index: int, start_event: Any, end_event: Any,
@@ -256,8 +286,10 @@ class Probe:
         state.cuda_pending.append((index, start_event, end_event, memory))
         try:
             self._resolve_cuda(state, wait=False)
+            self._resolve_h2d(wait=False)
         except Exception:
             state.cuda_pending.clear()  # a broken event pair must not break training
+            self._h2d_pending.clear()
 
     @staticmethod
     def _resolve_cuda(state: _IteratorState, wait: bool) -> None:
@@ -572,7 +604,24 @@ def _cuda_in_use() -> bool:
         return False
     _patch_h2d()
     _cuda_seen = True
+    _record_cuda_device(cuda)
     return True
+
+
+def _record_cuda_device(cuda: Any) -> None:
+    """Which GPU this process uses, so the analysis reads that GPU's NVML figures and no other's."""
+    probe = _probe
+    if probe is None:
+        return
+    try:
+        index = cuda.current_device()
+        props = cuda.get_device_properties(index)
+        uuid = getattr(props, "uuid", None)
+        probe.event("cuda_device", t=_clock(), index=index, name=props.name,
+                    uuid=None if uuid is None else str(uuid),
+                    visible=os.environ.get("CUDA_VISIBLE_DEVICES"), order=os.environ.get("CUDA_DEVICE_ORDER"))
+    except Exception:
+        pass  # the analysis falls back to CUDA_VISIBLE_DEVICES and NVML's process list
 
 
 _cuda_seen = False
@@ -603,16 +652,23 @@ def _patch_h2d() -> None:
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
     def make(original):
+        always_cuda = original.__name__ == "cuda"
+
         def copy(self, *args, **kwargs):
             probe = _probe
             if probe is None or self.is_cuda or is_compiling():
                 return original(self, *args, **kwargs)
+            # Events around the copy in the current stream time the copy itself: a blocking copy first
+            # waits for the GPU work already queued, which is compute, not transfer.
+            before = _cuda_event() if always_cuda or _targets_cuda(args, kwargs) else None
             t0 = _clock()
             out = original(self, *args, **kwargs)
             t1 = _clock()
             if out is not self and getattr(out, "is_cuda", False):
                 try:
-                    probe.record_h2d(t0, self.element_size() * self.numel(), t1 - t0, bool(self.is_pinned()))
+                    same_stream = before is not None and out.device.index == torch.cuda.current_device()
+                    probe.record_h2d(t0, self.element_size() * self.numel(), t1 - t0, bool(self.is_pinned()),
+                                     (before, _cuda_event()) if same_stream else None)
                 except Exception:
                     pass  # a measurement never breaks the copy
             return out
@@ -620,6 +676,19 @@ def _patch_h2d() -> None:
 
     _patch(torch.Tensor, "to", make)
     _patch(torch.Tensor, "cuda", make)
+
+
+def _targets_cuda(args: tuple, kwargs: dict) -> bool:
+    """Whether ``Tensor.to(*args, **kwargs)`` names a CUDA device (a dtype alone does not)."""
+    device = kwargs.get("device", args[0] if args else None)
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, int):
+        return not isinstance(device, bool)  # .to(0): a CUDA device number
+    is_cuda = getattr(device, "is_cuda", None)  # .to(other_tensor)
+    if isinstance(is_cuda, bool):
+        return is_cuda
+    return getattr(device, "type", None) == "cuda"  # torch.device
 
 
 def _unpatch_h2d() -> None:

@@ -42,6 +42,10 @@ def _init_error_sentence(nv: Any, exc: Exception) -> str:
     return f"NVML failed to start: {exc}"
 
 
+def _text(value: Any) -> str | None:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value  # older bindings: bytes
+
+
 class Nvml:
     """Lazily started NVML. Pass ``module`` to use a fake ``pynvml`` in tests."""
 
@@ -110,6 +114,32 @@ class Nvml:
         with self._lock:
             return len(self._handles) if self._start() else 0
 
+    def devices(self) -> list[dict[str, Any]]:
+        """Each GPU's NVML index, name and UUID ("GPU-..."; "MIG-..." for a MIG instance), to match the
+        device the job's torch uses and CUDA_VISIBLE_DEVICES; [] when NVML is unavailable."""
+        with self._lock:
+            if not self._start():
+                return []
+            out = []
+            for index, handle in enumerate(self._handles):
+                name, uuid = (self._query(fn, handle) for fn in (self._nv.nvmlDeviceGetName,
+                                                                  getattr(self._nv, "nvmlDeviceGetUUID", None)))
+                out.append({"index": index, "name": _text(name), "uuid": _text(uuid),
+                            "mig_uuids": self._mig_uuids(handle)})
+            return out
+
+    def _mig_uuids(self, handle: Any) -> list[str]:
+        """UUIDs of the MIG instances on a GPU (CUDA_VISIBLE_DEVICES may name one: "MIG-...")."""
+        nv = self._nv
+        count = self._query(getattr(nv, "nvmlDeviceGetMaxMigDeviceCount", None), handle) or 0
+        uuids = []
+        for i in range(int(count)):
+            mig = self._query(getattr(nv, "nvmlDeviceGetMigDeviceHandleByIndex", None), handle, i)
+            uuid = None if mig is None else _text(self._query(nv.nvmlDeviceGetUUID, mig))
+            if uuid:
+                uuids.append(uuid)
+        return uuids
+
     def shutdown(self) -> None:
         """Stop NVML. Safe to call twice; a later call starts it again."""
         with self._lock:
@@ -120,8 +150,10 @@ class Nvml:
 
     # -- readings -----------------------------------------------------------------------------
 
-    def _query(self, fn: Callable[..., T], *args: Any) -> T | None:
-        """Call one NVML function; any NVML error means the reading is missing (None)."""
+    def _query(self, fn: Callable[..., T] | None, *args: Any) -> T | None:
+        """Call one NVML function; any NVML error, or a function the bindings lack, means None."""
+        if fn is None:
+            return None
         try:
             return fn(*args)
         except self._nv.NVMLError:
@@ -136,9 +168,7 @@ class Nvml:
 
     def _read_one(self, index: int, handle: Any) -> GpuReading:
         nv = self._nv
-        name = self._query(nv.nvmlDeviceGetName, handle)
-        if isinstance(name, bytes):  # older bindings return bytes
-            name = name.decode(errors="replace")
+        name = _text(self._query(nv.nvmlDeviceGetName, handle))
         util = self._query(nv.nvmlDeviceGetUtilizationRates, handle)
         mem = self._query(nv.nvmlDeviceGetMemoryInfo, handle)  # one call gives used and total
         procs: dict[int, int] = {}

@@ -186,6 +186,7 @@ class Sampler:
         # leftover workers without hitting an unrelated process that reused the pid.
         self.seen: dict[int, float] = {}
         self.gpu_error: str | None = None
+        self._devices: list[dict[str, Any]] = []
         self.samples = 0
         self.cpu_s = 0.0  # CPU time of the sampler thread itself
 
@@ -232,6 +233,10 @@ class Sampler:
             "samples": self.samples,
             "cpu_s": self.cpu_s,
             "gpu_error": self.gpu_error,
+            # Which GPU is which, for matching the job's own (analysis/gpus.py).
+            "gpus": self._devices,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
         }
 
     def _close_fds(self) -> None:
@@ -248,6 +253,7 @@ class Sampler:
         try:
             if not self.nvml.available():
                 self.gpu_error = self.nvml.error
+            self._devices = self.nvml.devices()
             # Baselines, so the first line already has CPU rates over one interval.
             self._host_cpu()
             self._procs(self.clock())
