@@ -16,7 +16,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
-from gpufeed.measure.outside.cpus import CpuAllowance
+from gpufeed.record.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord
 
 RUNNING = "running"
