@@ -99,6 +99,10 @@ class RunRecord:
     pid_offset: int = 0
     # pid -> memory readings of the `memory` and `exit` events (uss_start_b, rss_peak_b, uss_b, cuda_mem_peak_b, ...)
     memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    # TensorFlow processes (measure/inside/tf_probe.py): each tf.data pipeline's structure, and the
+    # profiler windows the waits were read from.
+    tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
+    tf_profiles: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -176,6 +180,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory = [], [], {}, {}, [], {}
+    tf_pipelines, tf_profiles = [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -208,6 +213,12 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 stalls.append(ev)
             elif kind == "override":
                 overrides.append(ev)
+            elif kind == "tf_pipeline":
+                tf_pipelines.append(ev)
+            elif kind == "tf_profile":
+                tf_profiles.append(ev)
+                if ev.get("error"):
+                    warnings.append(f"TensorFlow's profiler gave no input waits in pid {pid}: {ev['error']}")
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
                 ends[pid] = ev
@@ -238,6 +249,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
+        tf_pipelines=tf_pipelines, tf_profiles=tf_profiles,
     )
 
 

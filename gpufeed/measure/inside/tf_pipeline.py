@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 # Ops that call back into Python: they hold the GIL, so parallel calls do not run them in parallel.
-PYTHON_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless")
+PYTHON_OPS = ("EagerPyFunc", "PyFunc", "PyFuncStateless",
+              "GeneratorDataset")  # Dataset.from_generator: its next() is a numpy_function
 MAX_STAGES = 64
 
 

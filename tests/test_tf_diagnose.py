@@ -1,0 +1,70 @@
+"""``gpufeed diagnose`` on unmodified TensorFlow scripts (tests/workloads/tf_train.py): real
+subprocesses, TensorFlow for CPU, input waits read from TensorFlow's own profiler trace."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import diagnose
+
+pytest.importorskip("tensorflow", reason="TensorFlow is in the test extra: pip install -e '.[test]'")
+
+SCRIPT = "tf_train.py"
+
+
+def _ids(diag: dict) -> set[str]:
+    return {f["id"] for f in diag["findings"]}
+
+
+def _finding(diag: dict, finding_id: str) -> dict:
+    return next(f for f in diag["findings"] if f["id"] == finding_id)
+
+
+def _events(run_dir: str, kind: str) -> list[dict]:
+    return [e for path in sorted((Path(run_dir) / "events").glob("*.jsonl"))
+            for e in map(json.loads, path.read_text().splitlines()) if e.get("kind") == kind]
+
+
+def test_keras_fit_slow_sequential_map_is_input_bound_with_a_tf_fix(tmp_path):
+    diag = diagnose(tmp_path, SCRIPT, "fit_slow_map")
+    assert diag["bottleneck"] == "input", diag["_stdout"]
+    m = diag["metrics"]
+    assert m["steps"] == 2 * 64 - 10     # every step of both epochs from the trace, less the warm-up
+    assert m["samples"] == m["steps"] * 16
+    sequential = _finding(diag, "tf_sequential_map")
+    assert "num_parallel_calls=tf.data.AUTOTUNE" in sequential["recommendation"]
+    assert "stateful" in sequential["message"]
+    assert sequential["evidence"]["pipeline"] == "Batch <- Map <- TensorSlice"
+    assert "prefetch(tf.data.AUTOTUNE)" in _finding(diag, "tf_no_prefetch")["recommendation"]
+    assert "tf_cache" not in _ids(diag)  # the expensive map is random: caching it would freeze it
+    # TensorFlow's own trace is kept in the run directory for TensorBoard's profiler.
+    (profile,) = _events(diag["run_dir"], "tf_profile")
+    assert profile["error"] is None and (Path(diag["run_dir"]) / profile["path"]).is_file()
+    (pipeline,) = _events(diag["run_dir"], "tf_pipeline")
+    assert pipeline["tf_stages"]["Iterator::Root::MapAndBatch"]["parallelism"] == 1
+
+
+def test_custom_loop_with_tf_function_and_steps_limit(tmp_path):
+    diag = diagnose(tmp_path, SCRIPT, "custom_loop", "3", options=("--steps", "30", "--warmup", "5"))
+    assert diag["run"]["end_reason"] == "steps_reached"
+    assert diag["metrics"]["steps"] == 30
+    assert diag["bottleneck"] == "input", diag["_stdout"]
+    assert "tf_sequential_map" in _ids(diag)
+
+
+def test_generator_fed_dataset_names_the_python_stage(tmp_path):
+    diag = diagnose(tmp_path, SCRIPT, "generator")
+    assert diag["bottleneck"] == "input", diag["_stdout"]
+    python_stage = _finding(diag, "tf_python_stage")
+    assert "Dataset.from_generator" in python_stage["message"]
+    assert "tf_sequential_map" not in _ids(diag)   # more parallel calls cannot beat the GIL
+
+
+def test_good_pipeline_is_compute_bound_with_no_input_finding(tmp_path):
+    diag = diagnose(tmp_path, SCRIPT, "good", "4")
+    assert diag["bottleneck"] == "compute", diag["_stdout"]
+    assert "compute_bound" in _ids(diag)
+    assert not {i for i in _ids(diag) if i.startswith("tf_")}
+    assert "tf.data pipeline" in _finding(diag, "compute_bound")["recommendation"]
