@@ -6,6 +6,7 @@ custom_loop    the same pipeline in a custom loop: `for x, y in dataset: train_s
 generator      Keras fit on Dataset.from_generator, a Python generator doing the work
 good           Keras fit on a cached, prefetched pipeline feeding a larger model: compute-bound
 """
+import os
 import sys
 import time
 
@@ -57,8 +58,19 @@ if mode == "custom_loop":
         optimizer.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
         return value
 
+    # The script times its own next() calls, as a check on the waits gpufeed reads from the trace.
+    waits = open(os.environ["TF_TRAIN_WAITS"], "w") if os.environ.get("TF_TRAIN_WAITS") else None
     for epoch in range(epochs):
-        for x, y in dataset:
+        batches = iter(dataset)
+        while True:
+            t_request = time.perf_counter()
+            try:
+                x, y = next(batches)
+            except StopIteration:
+                break
+            if waits:
+                waits.write(f"{t_request} {time.perf_counter()}\n")
+                waits.flush()
             value = train_step(x, y)
         print(f"epoch {epoch + 1} loss {float(value):.4f}")
 else:

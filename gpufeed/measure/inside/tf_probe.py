@@ -28,7 +28,9 @@ from gpufeed.measure.inside import probe as _probe_module
 from gpufeed.measure.inside import tf_pipeline, tf_trace
 from gpufeed.measure.inside.probe import Probe
 
-PROFILE_WINDOW_S = 60.0     # the longest profiled window: the trace holds every op of every step
+# The longest profiled window: the trace holds every op of every step and of every element (26 MB
+# for 128 steps of 16 elements of a 250-op map), kept in memory until the window ends.
+PROFILE_WINDOW_S = 30.0
 PROFILE_DIR = "tf-profile"  # <run_dir>/tf-profile/<pid>/: TensorFlow's own trace (TensorBoard opens it)
 _clock = time.perf_counter
 
@@ -44,6 +46,7 @@ class TfProbe:
         self.pipelines: list[dict[str, Any]] = []          # one per dataset object seen
         self._pipeline_of: dict[int, int] = {}              # id(dataset) -> index in pipelines
         self._iterators: list[tuple[float, int]] = []       # (t_created, pipeline index)
+        self._step_marker: Any = None
 
     # -- what Python sees ------------------------------------------------------------------------
     def iterator_created(self, dataset: Any, t_created: float) -> None:
@@ -70,14 +73,30 @@ class TfProbe:
             self._start_profiler()
         elif _clock() - self.t_profile >= PROFILE_WINDOW_S:
             self.finish()
+        self._mark_step()
         self.steps_started += steps
+
+    def _mark_step(self) -> None:
+        """A step marker from this tick to the next, as Keras 2 wrote one around each step: with it,
+        TensorFlow's input-pipeline analyzer (TensorBoard's profiler) reads the same trace."""
+        if self._step_marker is not None:
+            self._step_marker.__exit__(None, None, None)
+            self._step_marker = None
+        if self.finished:
+            return
+        import tensorflow as tf
+        try:
+            self._step_marker = tf.profiler.experimental.Trace("train", step_num=self.steps_started, _r=1)
+            self._step_marker.__enter__()
+        except Exception:
+            self._step_marker = None
 
     # -- the profiler window ----------------------------------------------------------------------
     def _start_profiler(self) -> None:
         import tensorflow as tf
         self.t_profile = _clock()
         try:
-            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=0,
+            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=1, python_tracer_level=0,
                                                                device_tracer_level=0)
             tf.profiler.experimental.start(self.logdir, options=options)
         except Exception as error:  # e.g. the script profiles itself: then it owns the profiler
@@ -91,6 +110,7 @@ class TfProbe:
             self.finished = True
             return
         self.finished = True
+        self._mark_step()
         import tensorflow as tf
         t_end, error, path = _clock(), None, None
         try:

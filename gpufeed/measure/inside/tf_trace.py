@@ -23,6 +23,8 @@ from typing import Any
 GET_NEXT_OPS = ("IteratorGetNextOp::DoCompute", "IteratorGetNextAsOptionalOp::DoCompute")
 ROOT_EVENT = "Iterator::Root"
 START_TIME_STAT = "profile_start_time"
+# Threads on which tf.data makes elements (most of a trace's events): no iterator op runs there.
+PRODUCER_THREADS = ("tf_data_private_threadpool", "tf_data_iterator_resource")
 
 
 @dataclass
@@ -71,6 +73,8 @@ def read_xspace(data: bytes, unix_to_clock_s: float) -> list[IteratorTrace]:
         names = {k: v.name for k, v in plane.stat_metadata.items()}
         event_names = {k: v.name for k, v in plane.event_metadata.items()}
         for line in plane.lines:
+            if line.name.startswith(PRODUCER_THREADS):
+                continue  # tf.data's own threads make elements; the iterator ops run elsewhere
             base_ns = start_ns + line.timestamp_ns
             events = sorted(line.events, key=lambda e: e.offset_ps)
             for i, event in enumerate(events):
