@@ -361,8 +361,9 @@ def host_idle_share(m: Metrics) -> float | None:
     return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (m.data_wait_share or 0.0))
 
 
-RULES: tuple[Rule, ...] = (
-    loader_stalled, too_few_workers, cpu_saturated, storage_latency, too_many_workers,
+# A tf.data pipeline's own causes come before the generic ones they explain (ties keep this order).
+RULES: tuple[Rule, ...] = (loader_stalled,) + tf_data.RULES + (
+    too_few_workers, cpu_saturated, storage_latency, too_many_workers,
     thread_oversubscription, worker_restart, pageable_transfer, fluctuating_utilization, host_bound,
     compute_bound, no_dataloader, straggler_rank, load_imbalance,
-) + memory.RULES + tf_data.RULES
+) + memory.RULES

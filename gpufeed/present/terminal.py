@@ -25,8 +25,10 @@ def numbers_table(d: Diagnosis) -> Table:
         table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
                                    f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
                                    f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")
+        tf_data = any(s.training and s.config.get("sampler") == "tf.data" for s in d.loaders)
         table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
-                                   f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in next(loader)")
+                                   f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in "
+                                   + ("IteratorGetNext (tf.data)" if tf_data else "next(loader)"))
     if d.gpu_available:
         gpu = (f"util p5/p50/p95 {fmt(m.gpu_util_p5_pct, '.0f')}/{fmt(m.gpu_util_p50_pct, '.0f')}/"
                f"{fmt(m.gpu_util_p95_pct, '.0f', '%')} · idle waiting for data {fmt(m.gpu_idle_share, '.0%')} · "
