@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufeed import cli
 from tests.test_cli import diagnose
 
 pytest.importorskip("tensorflow", reason="TensorFlow is in the test extra: pip install -e '.[test]'")
@@ -86,3 +87,12 @@ def test_good_pipeline_is_compute_bound_with_no_input_finding(tmp_path):
     assert "compute_bound" in _ids(diag)
     assert not {i for i in _ids(diag) if i.startswith("tf_")}
     assert "tf.data pipeline" in _finding(diag, "compute_bound")["recommendation"]
+
+
+def test_sigterm_mid_run_keeps_the_steps_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("TF_TRAIN_SIGTERM_AT", "40")
+    diag = diagnose(tmp_path, SCRIPT, "fit_slow_map", "1", expect_exit=cli.EXIT_COMMAND_FAILED)
+    (end,) = _events(diag["run_dir"], "exit")
+    assert end["reason"] == "sigterm"
+    assert diag["metrics"]["steps"] == 41 - 10   # the trace was read before the process died
+    assert "tf_sequential_map" in _ids(diag)

@@ -8,6 +8,7 @@ good           Keras fit on a cached, prefetched pipeline feeding a larger model
 fixed          fit_slow_map with gpufeed's fixes: map(num_parallel_calls=AUTOTUNE), prefetch(AUTOTUNE)
 """
 import os
+import signal
 import sys
 import time
 
@@ -79,5 +80,12 @@ if mode == "custom_loop":
         print(f"epoch {epoch + 1} loss {float(value):.4f}")
 else:
     model.compile(tf.keras.optimizers.SGD(0.01), loss)
-    model.fit(dataset, epochs=epochs, verbose=2)
+    callbacks = []
+    if os.environ.get("TF_TRAIN_SIGTERM_AT"):  # killed mid-run, as a scheduler would
+        class Terminate(tf.keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == int(os.environ["TF_TRAIN_SIGTERM_AT"]):
+                    os.kill(os.getpid(), signal.SIGTERM)
+        callbacks.append(Terminate())
+    model.fit(dataset, epochs=epochs, verbose=2, callbacks=callbacks)
 print(f"trained in {time.perf_counter() - t0:.2f}s")

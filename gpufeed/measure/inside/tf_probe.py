@@ -235,7 +235,7 @@ def install_from_env(_module: Any = None) -> TfProbe | None:
     probe = _probe_module.active_probe()
     if probe is None:  # a TensorFlow-only process: its own event file, as the torch probe writes it
         max_steps = _probe_module._env_int(_probe_module.ENV_MAX_STEPS)
-        probe = Probe(run_dir, max_steps=max_steps, warmup_steps=_probe_module._env_int(
+        probe = _TfProcessProbe(run_dir, max_steps=max_steps, warmup_steps=_probe_module._env_int(
             _probe_module.ENV_WARMUP_STEPS) or 0)
         atexit.register(probe.close)
         _probe_module._flush_on_sigterm(probe)
@@ -247,6 +247,24 @@ def install_from_env(_module: Any = None) -> TfProbe | None:
                     world_size=_probe_module._env_int(*_probe_module.WORLD_SIZE_ENV),
                     torch_version=None, tf_version=getattr(tf, "__version__", None))
     tf_probe = TfProbe(probe)
+    if isinstance(probe, _TfProcessProbe):
+        probe.before_close = tf_probe.finish
+    else:  # the torch probe's process: atexit runs this before the probe's close, registered earlier
+        atexit.register(tf_probe.finish)
     patch_tensorflow(tf_probe)
-    atexit.register(tf_probe.finish)  # after registration of probe.close: atexit runs it first
     return tf_probe
+
+
+class _TfProcessProbe(Probe):
+    """The probe of a TensorFlow process: however it closes (exit, SIGTERM, ``--steps``), the
+    profiler's trace is read first, so the steps it holds are written."""
+
+    before_close: Any = None
+
+    def close(self, reason: str = "exit") -> None:
+        if self.before_close is not None:
+            try:
+                self.before_close()
+            except Exception:
+                pass  # the exit event is written whatever the trace gave
+        super().close(reason)
