@@ -3,6 +3,7 @@ subprocesses, TensorFlow for CPU, input waits read from TensorFlow's own profile
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -65,12 +66,14 @@ def test_custom_loop_with_tf_function_and_steps_limit(tmp_path, monkeypatch):
     assert len(script_rows) == 35           # the run ended before the 36th batch was taken
     traced = [row for e in _events(diag["run_dir"], "steps") for row in e["rows"]]
     assert len(traced) == 35
-    for step, ((t_request, t_deliver), (_, trace_request, trace_deliver, samples, _)) in \
-            enumerate(zip(script_rows, traced)):
+    outside_op = []
+    for (t_request, t_deliver), (_, trace_request, trace_deliver, samples, _) in zip(script_rows, traced):
         assert t_request <= trace_request <= trace_deliver <= t_deliver
         assert samples == 16
-        if step >= 5:  # after the warm-up (the first next() starts the profiler)
-            assert (t_deliver - t_request) - (trace_deliver - trace_request) < PYTHON_ITERATOR_S
+        outside_op.append((t_deliver - t_request) - (trace_deliver - trace_request))
+    # After the warm-up (the first next() starts the profiler); the median, as a busy machine may
+    # take the core away from any one call.
+    assert statistics.median(outside_op[5:]) < PYTHON_ITERATOR_S
 
 
 def test_generator_fed_dataset_names_the_python_stage(tmp_path):

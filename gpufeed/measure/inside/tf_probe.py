@@ -36,13 +36,14 @@ _clock = time.perf_counter
 
 
 class TfProbe:
-    def __init__(self, probe: Probe) -> None:
-        self.probe = probe
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.probe: Probe | None = None         # made at the first step (``_probe_for``)
         self.steps_started = 0
         self.t_profile: float | None = None     # when the profiler started; None before
         self.finished = False
         self.unix_to_clock_s = time.time() - _clock()
-        self.logdir = os.path.join(probe.run_dir, PROFILE_DIR, str(os.getpid()))
+        self.logdir = os.path.join(run_dir, PROFILE_DIR, str(os.getpid()))
         self.pipelines: list[dict[str, Any]] = []          # one per dataset object seen
         self._pipeline_of: dict[int, int] = {}              # id(dataset) -> index in pipelines
         self._iterators: list[tuple[float, int]] = []       # (t_created, pipeline index)
@@ -64,6 +65,8 @@ class TfProbe:
         """Before a step (or ``steps`` of them) starts."""
         if self.finished:
             return
+        if self.probe is None:
+            self.probe = _probe_for(self)
         max_steps = self.probe.max_steps
         if max_steps is not None and self.steps_started >= max_steps:
             self.finish()
@@ -227,32 +230,38 @@ def patch_keras(module: Any) -> None:
 
 
 def install_from_env(_module: Any = None) -> TfProbe | None:
-    """Called once TensorFlow is imported in a process started by ``gpufeed diagnose``."""
+    """Called once TensorFlow is imported in a process started by ``gpufeed diagnose``. Nothing is
+    recorded until the process iterates a tf.data dataset (``TfProbe.tick``): a PyTorch script that
+    imports TensorFlow on the side keeps the torch probe as its only one."""
     global _tf_probe
     run_dir = os.environ.get(_probe_module.ENV_RUN_DIR)
     if not run_dir or _tf_probe is not None:
         return _tf_probe
-    probe = _probe_module.active_probe()
-    if probe is None:  # a TensorFlow-only process: its own event file, as the torch probe writes it
-        max_steps = _probe_module._env_int(_probe_module.ENV_MAX_STEPS)
-        probe = _TfProcessProbe(run_dir, max_steps=max_steps, warmup_steps=_probe_module._env_int(
-            _probe_module.ENV_WARMUP_STEPS) or 0)
-        atexit.register(probe.close)
-        _probe_module._flush_on_sigterm(probe)
-        _probe_module._note_how_it_ends(probe)
-        tf = sys.modules.get("tensorflow")
-        probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
-                    rank=_probe_module._env_int(*_probe_module.RANK_ENV),
-                    local_rank=_probe_module._env_int(*_probe_module.LOCAL_RANK_ENV),
-                    world_size=_probe_module._env_int(*_probe_module.WORLD_SIZE_ENV),
-                    torch_version=None, tf_version=getattr(tf, "__version__", None))
-    tf_probe = TfProbe(probe)
-    if isinstance(probe, _TfProcessProbe):
-        probe.before_close = tf_probe.finish
-    else:  # the torch probe's process: atexit runs this before the probe's close, registered earlier
-        atexit.register(tf_probe.finish)
+    tf_probe = TfProbe(run_dir)
     patch_tensorflow(tf_probe)
     return tf_probe
+
+
+def _probe_for(tf_probe: TfProbe) -> Probe:
+    """The process's probe: the torch probe if it runs, else one of our own."""
+    probe = _probe_module.active_probe()
+    if probe is not None:  # atexit runs finish before the probe's close, registered earlier
+        atexit.register(tf_probe.finish)
+        return probe
+    # A TensorFlow-only process: its own event file, as the torch probe writes it.
+    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=_probe_module._env_int(_probe_module.ENV_MAX_STEPS),
+                            warmup_steps=_probe_module._env_int(_probe_module.ENV_WARMUP_STEPS) or 0)
+    probe.before_close = tf_probe.finish
+    atexit.register(probe.close)
+    _probe_module._flush_on_sigterm(probe)
+    _probe_module._note_how_it_ends(probe)
+    tf = sys.modules.get("tensorflow")
+    probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
+                rank=_probe_module._env_int(*_probe_module.RANK_ENV),
+                local_rank=_probe_module._env_int(*_probe_module.LOCAL_RANK_ENV),
+                world_size=_probe_module._env_int(*_probe_module.WORLD_SIZE_ENV),
+                torch_version=None, tf_version=getattr(tf, "__version__", None))
+    return probe
 
 
 class _TfProcessProbe(Probe):
