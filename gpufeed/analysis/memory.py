@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufeed import thresholds as th
+from gpufeed.analysis import tf_data
 from gpufeed.analysis.findings import INFO, LOW, MEDIUM, Finding
 from gpufeed.units import fmt, human_bytes
 
@@ -156,6 +157,8 @@ def training_growth(ctx) -> Growth | None:
 
 def memory_growth(ctx) -> Finding | None:
     g = training_growth(ctx)
+    if tf_data.pipeline(ctx) is not None:
+        return None  # TensorFlow's profiler, which gpufeed runs there, keeps its trace in memory: not a leak
     if g is None or g.r2 < th.MEMORY_GROWTH_MIN_R2 or g.per_step_b <= 0:
         return None
     grown = g.per_step_b * g.steps

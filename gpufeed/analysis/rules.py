@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gpufeed import thresholds as th
-from gpufeed.analysis import memory
+from gpufeed.analysis import memory, tf_data
 from gpufeed.analysis.findings import INFO, HIGH, Finding, severity_for
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
 from gpufeed.analysis.ranks import load_imbalance, straggler_rank
@@ -301,7 +301,9 @@ def compute_bound(ctx: Context) -> Finding | None:
         message=(f"The input pipeline keeps up: the loop waited for data only {fmt(m.data_wait_share, '.1%')} of the time "
                  f"(p50 step {fmt(m.step_time_p50_ms, '.1f')} ms, {fmt(m.compute_p50_ms, '.1f')} ms of it compute); the loader is "
                  "not the problem."),
-        recommendation=("Leave the DataLoader as it is; to go faster, make the step cheaper (mixed precision, "
+        recommendation=("Leave the tf.data pipeline as it is; to go faster, make the step cheaper (mixed precision, "
+                        "jit_compile=True, a larger batch if memory allows)." if tf_data.pipeline(ctx) is not None else
+                        "Leave the DataLoader as it is; to go faster, make the step cheaper (mixed precision, "
                         "torch.compile, a larger batch if memory allows)."),
         evidence=_wait_evidence(m),
         thresholds={"data_wait_share_below": th.DATA_WAIT_SHARE_FLAG},
@@ -463,8 +465,9 @@ def host_idle(ctx: Context, share: float) -> Finding:
     return _host_finding(ctx.metrics, share, "host_idle")
 
 
-RULES: tuple[Rule, ...] = (
-    loader_stalled, too_few_workers, cpu_saturated, storage_latency, too_many_workers,
+# A tf.data pipeline's own causes come before the generic ones they explain (ties keep this order).
+RULES: tuple[Rule, ...] = (loader_stalled,) + tf_data.RULES + (
+    too_few_workers, cpu_saturated, storage_latency, too_many_workers,
     thread_oversubscription, worker_restart, pageable_transfer, fluctuating_utilization, host_bound,
     compute_bound, no_dataloader, straggler_rank, load_imbalance,
 ) + memory.RULES

@@ -26,8 +26,10 @@ def numbers_table(d: Diagnosis) -> Table:
         table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
                                    f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
                                    f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")
+        tf_data = any(s.training and s.config.get("sampler") == "tf.data" for s in d.loaders)
         table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
-                                   f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in next(loader)")
+                                   f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in "
+                                   + ("IteratorGetNext (tf.data)" if tf_data else "next(loader)"))
     if d.gpu_available and not m.gpu_indices and m.gpu_match and not m.cuda_used:
         gpu = f"{NA}: {m.gpu_match}"
     elif d.gpu_available:

@@ -101,6 +101,10 @@ class RunRecord:
     memory: dict[int, dict[str, int]] = field(default_factory=dict)
     # `cuda_device` events: the GPU each training process's torch uses (index, name, uuid, visible)
     cuda_devices: list[dict[str, Any]] = field(default_factory=list)
+    # TensorFlow processes (measure/inside/tf_probe.py): each tf.data pipeline's structure, and the
+    # profiler windows the waits were read from.
+    tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
+    tf_profiles: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -178,6 +182,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
+    tf_pipelines, tf_profiles = [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -212,6 +217,12 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 overrides.append(ev)
             elif kind == "cuda_device":
                 cuda_devices.append(ev)
+            elif kind == "tf_pipeline":
+                tf_pipelines.append(ev)
+            elif kind == "tf_profile":
+                tf_profiles.append(ev)
+                if ev.get("error"):
+                    warnings.append(f"TensorFlow's profiler gave no input waits in pid {pid}: {ev['error']}")
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
                 ends[pid] = ev
@@ -243,6 +254,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
+        tf_pipelines=tf_pipelines, tf_profiles=tf_profiles,
     )
 
 

@@ -1,4 +1,5 @@
-"""Schema of the run record (version 1). ``docs/run-record.md`` is the prose version.
+"""Schema of the run record (version 2: version 1 and TensorFlow processes). ``docs/run-record.md``
+is the prose version.
 
 A run directory holds::
 
@@ -36,6 +37,10 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
               cuda_mem_reserved_peak_b, cuda_mem_total_b
 ``memory``    pid, t, uss_start_b: a DataLoader worker's private memory at its start
+``tf_pipeline`` pid, loader_id, stages, options, cardinality, tf_name, tf_root, tf_stages: a
+              TensorFlow process's tf.data pipeline (its iterator and steps events come from
+              TensorFlow's profiler trace, kept in tf-profile/<pid>/)
+``tf_profile`` pid, t_start, t_end, path, error: the window the profiler ran in
 
 Sample lines (``samples.jsonl``)::
 
@@ -49,7 +54,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 META_FILE = "meta.json"
 EVENTS_DIR = "events"

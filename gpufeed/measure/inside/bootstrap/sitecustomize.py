@@ -1,5 +1,5 @@
 """Loaded at start-up by every Python process under ``gpufeed diagnose`` (its folder is put first
-on PYTHONPATH). It arms the probe for when torch's DataLoader is imported, then runs the
+on PYTHONPATH). It arms the probe for when torch's DataLoader (or TensorFlow) is imported, then runs the
 ``sitecustomize`` it shadows, if there is one, so the user's environment behaves as before."""
 
 
@@ -21,6 +21,20 @@ def _arm_gpufeed() -> None:
         sys.stderr.write(f"gpufeed: instrumentation not loaded in {sys.executable}: {error}\n")
         return
     call_after_import("torch.utils.data.dataloader", lambda _module: install_from_env())
+    # TensorFlow scripts (nothing happens unless TensorFlow is imported): tf_probe.py.
+    call_after_import("tensorflow", _tf_hook("install_from_env"))
+    call_after_import("keras.src.backend.tensorflow.trainer", _tf_hook("patch_keras"))
+
+
+def _tf_hook(name):
+    def hook(module):
+        try:
+            from gpufeed.measure.inside import tf_probe
+            getattr(tf_probe, name)(module)
+        except Exception as error:  # never break the user's program
+            import sys
+            sys.stderr.write(f"gpufeed: TensorFlow instrumentation not loaded: {error}\n")
+    return hook
 
 
 def _run_shadowed_sitecustomize() -> None:

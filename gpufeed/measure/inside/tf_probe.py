@@ -1,0 +1,279 @@
+"""The probe for TensorFlow: measures tf.data input waits of an unmodified TensorFlow 2.x script.
+
+Keras ``fit`` takes each batch inside a ``tf.function`` (``IteratorGetNext`` in the graph), where no
+Python wrapper sees it; so the waits are read the way TensorFlow reads them, from its profiler's
+trace (``tf_trace.py``). The profiler runs in this process for one window: from the first training
+step Python sees until ``--steps`` is reached, the process ends, or ``PROFILE_WINDOW_S`` have
+passed (its trace grows with every op, so it is not left running for hours). Python sees a step as:
+
+- a call of Keras's ``train_function`` (``steps_per_execution`` steps each): ``fit``;
+- ``next()`` on a ``tf.data`` iterator (``OwnedIterator.__next__``): custom loops, eager or calling a
+  ``tf.function`` per batch.
+
+These ticks start the profiler and end the run after ``--steps``; the steps themselves (request and
+delivery of each batch) come from the trace. Each iterator's dataset is read when the iterator is
+made (``tf_pipeline.py``), for the findings. Everything is written with the PyTorch probe's
+``Probe`` (same files, same ``process`` and ``exit`` events); ``docs/run-record.md`` lists the kinds.
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import os
+import sys
+import time
+from typing import Any
+
+from gpufeed.measure.inside import probe as _probe_module
+from gpufeed.measure.inside import tf_pipeline, tf_trace
+from gpufeed.measure.inside.probe import Probe
+
+# The longest profiled window: the trace holds every op of every step and of every element (26 MB
+# for 128 steps of 16 elements of a 250-op map), kept in memory until the window ends.
+PROFILE_WINDOW_S = 30.0
+PROFILE_DIR = "tf-profile"  # <run_dir>/tf-profile/<pid>/: TensorFlow's own trace (TensorBoard opens it)
+_clock = time.perf_counter
+
+
+class TfProbe:
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+        self.probe: Probe | None = None         # made at the first step (``_probe_for``)
+        self.steps_started = 0
+        self.t_profile: float | None = None     # when the profiler started; None before
+        self.finished = False
+        self.unix_to_clock_s = time.time() - _clock()
+        self.logdir = os.path.join(run_dir, PROFILE_DIR, str(os.getpid()))
+        self.pipelines: list[dict[str, Any]] = []          # one per dataset object seen
+        self._pipeline_of: dict[int, int] = {}              # id(dataset) -> index in pipelines
+        self._iterators: list[tuple[float, int]] = []       # (t_created, pipeline index)
+        self._step_marker: Any = None
+
+    # -- what Python sees ------------------------------------------------------------------------
+    def iterator_created(self, dataset: Any, t_created: float) -> None:
+        index = self._pipeline_of.get(id(dataset))
+        if index is None:
+            try:
+                description = tf_pipeline.describe(dataset)
+            except Exception as error:  # never break training for a measurement
+                description = {"stages": [], "options": {}, "cardinality": None, "error": repr(error)[:300]}
+            index = self._pipeline_of[id(dataset)] = len(self.pipelines)
+            self.pipelines.append(description)
+        self._iterators.append((t_created, index))
+
+    def tick(self, steps: int) -> None:
+        """Before a step (or ``steps`` of them) starts."""
+        if self.finished:
+            return
+        if self.probe is None:
+            self.probe = _probe_for(self)
+        max_steps = self.probe.max_steps
+        if max_steps is not None and self.steps_started >= max_steps:
+            self.finish()
+            self.probe.total_steps = self.steps_started
+            self.probe.steps_reached()
+        if self.t_profile is None:
+            self._start_profiler()
+        elif _clock() - self.t_profile >= PROFILE_WINDOW_S:
+            self.finish()
+        self._mark_step()
+        self.steps_started += steps
+
+    def _mark_step(self) -> None:
+        """A step marker from this tick to the next, as Keras 2 wrote one around each step: with it,
+        TensorFlow's input-pipeline analyzer (TensorBoard's profiler) reads the same trace."""
+        if self._step_marker is not None:
+            self._step_marker.__exit__(None, None, None)
+            self._step_marker = None
+        if self.finished:
+            return
+        import tensorflow as tf
+        try:
+            self._step_marker = tf.profiler.experimental.Trace("train", step_num=self.steps_started, _r=1)
+            self._step_marker.__enter__()
+        except Exception:
+            self._step_marker = None
+
+    # -- the profiler window ----------------------------------------------------------------------
+    def _start_profiler(self) -> None:
+        import tensorflow as tf
+        self.t_profile = _clock()
+        try:
+            options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=1, python_tracer_level=0,
+                                                               device_tracer_level=0)
+            tf.profiler.experimental.start(self.logdir, options=options)
+        except Exception as error:  # e.g. the script profiles itself: then it owns the profiler
+            self.finished = True
+            self.probe.event("tf_profile", t_start=self.t_profile, t_end=None, path=None,
+                             error=f"{type(error).__name__}: {error}"[:300])
+
+    def finish(self) -> None:
+        """Stop the profiler, read its trace, and record the steps it saw (once)."""
+        if self.finished or self.t_profile is None:
+            self.finished = True
+            return
+        self.finished = True
+        self._mark_step()
+        import tensorflow as tf
+        t_end, error, path = _clock(), None, None
+        try:
+            tf.profiler.experimental.stop()
+            files = sorted(glob.glob(os.path.join(self.logdir, "plugins", "profile", "*", "*.xplane.pb")),
+                           key=os.path.getmtime)
+            path = files[-1] if files else None
+            if path is None:
+                raise FileNotFoundError(f"the profiler wrote no trace under {self.logdir}")
+            with open(path, "rb") as f:
+                traces = tf_trace.read_xspace(f.read(), self.unix_to_clock_s)
+            self._record(traces)
+        except Exception as error_:
+            error = f"{type(error_).__name__}: {error_}"[:300]
+        self.probe.event("tf_profile", t_start=self.t_profile, t_end=t_end,
+                         path=os.path.relpath(path, self.probe.run_dir) if path else None, error=error)
+        self.probe.flush()
+
+    def _record(self, traces: list[tf_trace.IteratorTrace]) -> None:
+        written: set[int] = set()
+        for iter_id, trace in enumerate(traces):
+            if not trace.waits:
+                continue
+            first = trace.waits[0][0]
+            # The iterator made last before its first batch: its dataset is this pipeline's.
+            made = [(t, index) for t, index in self._iterators if t <= first]
+            t_created, index = made[-1] if made else (first, None)
+            loader_id = index if index is not None else len(self.pipelines) + iter_id
+            pipeline = self.pipelines[index] if index is not None else {"stages": [], "options": {}}
+            batch_size, drop_remainder = _batch(pipeline)
+            self.probe.event("iterator", iter_id=iter_id, loader_id=loader_id, t_created=t_created,
+                             t_ready=t_created, worker_pids=[], config=_config(pipeline, batch_size, drop_remainder))
+            if loader_id not in written:
+                written.add(loader_id)
+                self.probe.event("tf_pipeline", loader_id=loader_id, **pipeline, tf_name=trace.name,
+                                 tf_root=_plain(trace.root_stats), tf_stages=_plain(trace.stages))
+            rows = [(i, t0, t1, batch_size, None) for i, (t0, t1) in enumerate(trace.waits)]
+            self.probe.event("steps", iter_id=iter_id, rows=rows)
+
+
+def _plain(value: Any) -> Any:
+    """Trace stats as JSON: ids are 64-bit and useless to a reader; everything else as it is."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k not in ("id", "parent_id", "element_id")}
+    return value
+
+
+def _batch(pipeline: dict[str, Any]) -> tuple[int | None, bool]:
+    for stage in pipeline.get("stages", []):
+        if "batch_size" in stage and isinstance(stage["batch_size"], int):
+            return stage["batch_size"], bool(stage.get("drop_remainder"))
+    return None, False
+
+
+def _config(pipeline: dict[str, Any], batch_size: int | None, drop_remainder: bool) -> dict[str, Any]:
+    """The ``iterator`` event's config: LoaderConfig's fields, the DataLoader-only ones left null."""
+    return {"num_workers": None, "pin_memory": False, "prefetch_factor": None, "persistent_workers": False,
+            "batch_size": batch_size, "drop_last": drop_remainder, "dataset_type": "tf.data.Dataset",
+            "dataset_len": pipeline.get("cardinality"), "iterable": True, "sampler": "tf.data",
+            "batch_sampler": None, "multiprocessing_context": None, "site": None}
+
+
+# -- hooks ---------------------------------------------------------------------------------------------
+_tf_probe: TfProbe | None = None
+
+
+def patch_tensorflow(tf_probe: TfProbe) -> None:
+    global _tf_probe
+    _tf_probe = tf_probe
+    from tensorflow.python.data.ops import iterator_ops
+    owned = iterator_ops.OwnedIterator
+
+    def make_create(original):
+        def _create_iterator(self, dataset):
+            t_created = _clock()
+            result = original(self, dataset)
+            if _tf_probe is not None:
+                _tf_probe.iterator_created(dataset, t_created)
+            return result
+        return _create_iterator
+
+    def make_next(original):
+        def __next__(self):
+            if _tf_probe is not None:
+                _tf_probe.tick(1)
+            return original(self)
+        return __next__
+
+    _probe_module._patch(owned, "_create_iterator", make_create)
+    _probe_module._patch(owned, "__next__", make_next)
+
+
+def patch_keras(module: Any) -> None:
+    """Keras's TensorFlow trainer: each ``train_function`` call runs ``steps_per_execution`` steps."""
+    trainer = getattr(module, "TensorFlowTrainer", None)
+    if trainer is None or not os.environ.get(_probe_module.ENV_RUN_DIR):
+        return
+
+    def make(original):
+        def make_train_function(self, force=False):
+            result = original(self, force)
+            function = self.train_function
+            if function is not None and not getattr(function, "_gpufeed_ticks", False):
+                def train_function(iterator):
+                    if _tf_probe is not None:
+                        _tf_probe.tick(max(1, int(getattr(self, "steps_per_execution", 1) or 1)))
+                    return function(iterator)
+                train_function._gpufeed_ticks = True
+                self.train_function = train_function
+            return result
+        return make_train_function
+
+    _probe_module._patch(trainer, "make_train_function", make)
+
+
+def install_from_env(_module: Any = None) -> TfProbe | None:
+    """Called once TensorFlow is imported in a process started by ``gpufeed diagnose``. Nothing is
+    recorded until the process iterates a tf.data dataset (``TfProbe.tick``): a PyTorch script that
+    imports TensorFlow on the side keeps the torch probe as its only one."""
+    global _tf_probe
+    run_dir = os.environ.get(_probe_module.ENV_RUN_DIR)
+    if not run_dir or _tf_probe is not None:
+        return _tf_probe
+    tf_probe = TfProbe(run_dir)
+    patch_tensorflow(tf_probe)
+    return tf_probe
+
+
+def _probe_for(tf_probe: TfProbe) -> Probe:
+    """The process's probe: the torch probe if it runs, else one of our own."""
+    probe = _probe_module.active_probe()
+    if probe is not None:  # atexit runs finish before the probe's close, registered earlier
+        atexit.register(tf_probe.finish)
+        return probe
+    # A TensorFlow-only process: its own event file, as the torch probe writes it.
+    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=_probe_module._env_int(_probe_module.ENV_MAX_STEPS),
+                            warmup_steps=_probe_module._env_int(_probe_module.ENV_WARMUP_STEPS) or 0)
+    probe.before_close = tf_probe.finish
+    atexit.register(probe.close)
+    _probe_module._flush_on_sigterm(probe)
+    _probe_module._note_how_it_ends(probe)
+    tf = sys.modules.get("tensorflow")
+    probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
+                rank=_probe_module._env_int(*_probe_module.RANK_ENV),
+                local_rank=_probe_module._env_int(*_probe_module.LOCAL_RANK_ENV),
+                world_size=_probe_module._env_int(*_probe_module.WORLD_SIZE_ENV),
+                torch_version=None, tf_version=getattr(tf, "__version__", None))
+    return probe
+
+
+class _TfProcessProbe(Probe):
+    """The probe of a TensorFlow process: however it closes (exit, SIGTERM, ``--steps``), the
+    profiler's trace is read first, so the steps it holds are written."""
+
+    before_close: Any = None
+
+    def close(self, reason: str = "exit") -> None:
+        if self.before_close is not None:
+            try:
+                self.before_close()
+            except Exception:
+                pass  # the exit event is written whatever the trace gave
+        super().close(reason)
