@@ -175,6 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
+    p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--workers", type=_non_negative_int, metavar="N", help="num_workers (default: the run's)")
+    p.add_argument("--cores", type=_positive_float, metavar="C", help="cores the job may use (default: the run's)")
+    p.add_argument("--gpu-speedup", type=_positive_float, default=1.0, metavar="X",
+                   help="the training step X times faster (a faster GPU); default 1")
+    p.add_argument("--persistent", action=argparse.BooleanOptionalAction, default=None,
+                   help="persistent_workers (default: the run's)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the answer as JSON to FILE")
+
     p = sub.add_parser("report", help="write a self-contained HTML report of a run, tune or batch-size directory")
     p.add_argument("run_dir", type=Path, nargs="+",
                    help="a run, tune or batch-size directory; several run directories: one per node of a job, merged")
@@ -212,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _analyze(args, console)
         if args.verb == "report":
             return _report(args, console)
+        if args.verb == "what-if":
+            return _what_if(args, console)
         if args.verb == "trace":
             return _trace(args, console)
         if args.verb == "watch":
@@ -429,6 +441,24 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
     _write_tensorboard(record, args.tensorboard, console)
+    return EXIT_OK
+
+
+def _what_if(args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.analysis.whatif import answer_run
+    from gpufeed.present.whatif_view import render_what_if
+    from gpufeed.record.reader import RecordError
+
+    try:
+        result = answer_run(args.run_dir, workers=args.workers, cores=args.cores, gpu_speedup=args.gpu_speedup,
+                            persistent=args.persistent)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
+    render_what_if(result, console)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return EXIT_OK
 
 
