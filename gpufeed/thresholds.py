@@ -207,6 +207,10 @@ WHATIF_RECEIVE_MAX_S = 0.001
 # Other programs' CPU (host busy minus the command's tree) is taken off the cores, up to this share of
 # them: the sampler's two readings are taken at slightly different moments and can overstate it.
 WHATIF_MAX_OTHER_SHARE = 0.75
+# A worker's CPU per batch outside its fetch (pickling the batch, the queues), when the run cannot
+# show it (no workers, or workers started again every epoch, whose start-up CPU would count too):
+# 0.5-0.8 ms per batch of 16 samples in the persistent-worker runs of bench/what_if.py (2 cores).
+WHATIF_HANDOFF_S = 0.0007
 # Settings predicted within this share of the fastest are equal; the fewest workers win (the tune's
 # tie rule, loadtune's 2%: field-facts.md).
 WHATIF_TIE_SHARE = 0.02

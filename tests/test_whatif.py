@@ -12,7 +12,7 @@ from tests.synthetic import Scenario, write_run
 
 # Workers asleep 95% of a 100 ms fetch (5 ms CPU), a 10 ms step, the training process busy 100%.
 STORAGE = Scenario(num_workers=2, persistent_workers=True, wait_s=0.040, compute_s=0.010, fetch_wall_s=0.100,
-                   fetch_cpu_s=0.005, host_cpu_pct=30)
+                   fetch_cpu_s=0.005, host_cpu_pct=30, worker_cpu_pct=5.5)
 # num_workers=0: 30 ms of CPU per batch inside next(), a 1 ms step.
 CPU_BOUND = Scenario(num_workers=0, wait_s=0.030, compute_s=0.001, fetch_cpu_s=0.030, host_cpu_pct=50)
 
@@ -26,6 +26,7 @@ def test_sleeping_workers_scale_with_their_number(tmp_path):
     assert two.cannot_predict is None
     c = two.costs
     assert c.cpu_s == pytest.approx(0.005) and c.sleep_s == pytest.approx(0.095, rel=0.01)
+    assert c.handoff_s == pytest.approx(0.0005, abs=0.0003)  # the sampler saw 5.5% CPU: 0.5 ms beyond the fetch
     yours = two.predictions[0]
     # 2 workers, one 100 ms batch each at a time: 20 batches/s of 32 samples.
     assert yours.limit == LIMIT_WORKERS

@@ -46,6 +46,7 @@ class Costs:
 
     cpu_s: float
     sleep_s: float
+    handoff_s: float             # a worker's CPU per batch outside the fetch: pickling it, the queue
     compute_s: float
     receive_s: float
     main_cpu_s: float
@@ -186,6 +187,10 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     cfg = training.config
     batch = float(np.median(in_window[:, 3])) if len(in_window) else float(cfg.get("batch_size") or 1)
     startups, spawns, per_epoch = _startup(its, workers)
+    handoff = th.WHATIF_HANDOFF_S
+    if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
+        measured = _handoff(record, set(training.worker_pids), rows, t0, t1)
+        handoff = measured if measured is not None else handoff
     others = 0.0
     if m.cpu_cores_busy is not None and m.cpu_cores_command is not None:
         others = min(max(m.cpu_cores_busy - m.cpu_cores_command, 0.0), m.cpu_count * th.WHATIF_MAX_OTHER_SHARE)
@@ -193,7 +198,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     def costs(q: float) -> Costs:
         c = _q(cpu, q)
         main = main_cpu if workers else max(main_cpu - float(np.median(cpu)), 0.0)
-        return Costs(cpu_s=c, sleep_s=_q(asleep, q), compute_s=_q(compute, q), receive_s=float(receive),
+        return Costs(cpu_s=c, sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q), receive_s=float(receive),
                      main_cpu_s=main, startup_s=startups, spawn_s=spawns, batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
@@ -254,6 +259,21 @@ def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps:
     return min(stepping * busy_per_step, per_step)
 
 
+def _handoff(record: RunRecord, workers: set[int], rows: np.ndarray, t0: float, t1: float) -> float | None:
+    """The workers' CPU per batch beyond their fetches: the sampler's CPU of the worker processes in the
+    window, less the fetches' own CPU, per batch made in it."""
+    s = record.samples
+    idx = [i for i in np.flatnonzero((s.t >= t0) & (s.t <= t1)) if i > 0]
+    made = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1)]
+    if len(idx) < th.WHATIF_MIN_SAMPLES or not len(made):
+        return None
+    total = sum((row[2] or 0.0) / 100.0 * float(s.t[i] - s.t[i - 1]) for i in idx for row in s.procs[i]
+                if row[0] in workers)
+    covered = float(s.t[idx[-1]] - s.t[idx[0] - 1])
+    fetch_cpu = float(np.nansum(made[:, 2])) * min(covered / (t1 - t0), 1.0)
+    return max(total - fetch_cpu, 0.0) / len(made)
+
+
 def _waited(steps: np.ndarray, t0: float, t1: float) -> float:
     return float(np.clip(np.minimum(steps[:, 2], t1) - np.maximum(steps[:, 1], t0), 0, None).sum())
 
@@ -277,8 +297,8 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
         return 1.0 / max(c.cpu_s + c.sleep_s + c.compute_s, 1e-9), LIMIT_LOOP
     bounds = {
         LIMIT_LOOP: 1.0 / max(c.compute_s + c.receive_s, 1e-9),
-        LIMIT_WORKERS: workers / max(c.cpu_s + c.sleep_s, 1e-9),
-        LIMIT_CORES: max(cores - c.other_cores, 0.0) / max(c.cpu_s + c.main_cpu_s, 1e-9),
+        LIMIT_WORKERS: workers / max(c.cpu_s + c.handoff_s + c.sleep_s, 1e-9),
+        LIMIT_CORES: max(cores - c.other_cores, 0.0) / max(c.cpu_s + c.handoff_s + c.main_cpu_s, 1e-9),
     }
     limit = min(bounds, key=bounds.get)
     return bounds[limit], limit
@@ -338,8 +358,8 @@ def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[i
     every batch's CPU, the workers' and the training process's, on the cores)."""
     c = c.scaled(gpu_speedup)
     rate = 1.0 / max(c.compute_s + c.receive_s, 1e-9)
-    return (max(1, math.ceil(rate * (c.cpu_s + c.sleep_s) - 1e-9)),
-            max(1, math.ceil(rate * (c.cpu_s + c.main_cpu_s) - 1e-9)))
+    return (max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.sleep_s) - 1e-9)),
+            max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))
 
 
 # -- the answers for a diagnosis -------------------------------------------------------------------------
