@@ -164,8 +164,8 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         # A worker is off the CPU while it sleeps on I/O, and also while it queues for a core (state R,
         # runnable): only the first is a cost more workers can overlap without more cores.
         running = m.worker_running_share
-        asleep = wall * (1.0 - running) if running is not None else wall - np.median(cpu)
-        asleep = np.clip(asleep, 0.0, np.maximum(wall - np.median(cpu), 0.0))
+        asleep = wall * (1.0 - running) if running is not None else wall - cpu.mean()
+        asleep = np.clip(asleep, 0.0, np.maximum(wall - cpu.mean(), 0.0))
         waits = in_window[:, 2] - in_window[:, 1]
         receive = min(_q(waits, th.WHATIF_RECEIVE_QUANTILE), th.WHATIF_RECEIVE_MAX_S)
     else:
@@ -175,7 +175,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
             raise CannotPredict(f"{len(timed)} CPU readings of the batches made in the training process; "
                                 f"the model needs {th.WHATIF_MIN_TIMED_BATCHES}")
         wall, cpu = in_window[:, 2] - in_window[:, 1], timed[:, 4]
-        asleep = np.clip(wall - np.median(cpu), 0.0, None)
+        asleep = np.clip(wall - cpu.mean(), 0.0, None)
         receive = 0.0
     compute = _compute_times(its, t0, t1)
     if len(compute) < 2:
@@ -195,11 +195,12 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     if m.cpu_cores_busy is not None and m.cpu_cores_command is not None:
         others = min(max(m.cpu_cores_busy - m.cpu_cores_command, 0.0), m.cpu_count * th.WHATIF_MAX_OTHER_SHARE)
 
-    def costs(q: float) -> Costs:
-        c = _q(cpu, q)
-        main = main_cpu if workers else max(main_cpu - float(np.median(cpu)), 0.0)
-        return Costs(cpu_s=c, sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q), receive_s=float(receive),
-                     main_cpu_s=main, startup_s=startups, spawn_s=spawns, batches_per_epoch=per_epoch,
+    # Without workers the training process's CPU includes the batches it made.
+    main = main_cpu if workers else max(main_cpu - float(cpu.mean()), 0.0)
+
+    def costs(q: float | None) -> Costs:
+        return Costs(cpu_s=_q(cpu, q), sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q),
+                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
     return _Spread(p25=costs(25), p50=costs(None), p75=costs(75))
@@ -376,7 +377,7 @@ def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findi
     result.best = best_setting(spread, noise=noise)
     workers, cores = workers_and_cores_for_ceiling(c)
     result.workers_for_ceiling = workers
-    result.cores_for_ceiling = cores if cores > c.cores else None
+    result.cores_for_ceiling = cores if cores > c.cores - c.other_cores else None
     seen = {(result.yours.num_workers, result.yours.persistent_workers)}
     predictions = [result.yours]
     for why, w, p in _finding_settings(findings, c):
@@ -412,7 +413,8 @@ def answer(record: RunRecord, training: LoaderSummary | None, m: Metrics, *, wor
                   yours=predict(spread, c.workers, c.persistent, noise=noise, why="your settings"),
                   ceiling_samples_per_s=ceiling(c, gpu_speedup), best=best,
                   predictions=[asked] + ([best] if best.label != asked.label else []),
-                  workers_for_ceiling=needed_w, cores_for_ceiling=needed_c if needed_c > (cores or c.cores) else None)
+                  workers_for_ceiling=needed_w,
+                  cores_for_ceiling=needed_c if needed_c > (cores or c.cores) - c.other_cores else None)
 
 
 _KEYWORD = re.compile(r"(num_workers|persistent_workers)=(\d+|True)")
