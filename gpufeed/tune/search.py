@@ -206,7 +206,9 @@ class Search:
             return None
         best = model.best
         workers = min(best.num_workers, self.max_workers)
-        settings = dataclasses.replace(self._with_workers(start, workers), persistent_workers=best.persistent_workers)
+        # A fix measured faster so far (persistent workers, a thread cap) stays.
+        settings = dataclasses.replace(self._with_workers(start, workers), persistent_workers=(
+            best.persistent_workers or bool(start.settings.persistent_workers and start.settings.num_workers)))
         if normalise(settings) == start.settings:
             return None
         trial = self._fix_causes(self._measured(
