@@ -14,8 +14,8 @@ The model (docs/what-if.md has the formulas and what they assume). Per batch, me
 Batches per second with ``w`` workers on ``C`` cores, in steady state, is the smallest of
 
     loop     1 / (g + r)              the step itself: the ceiling, data always ready
-    workers  w / (c + s)              each worker makes one batch at a time
-    cores    (C - o) / (c + m)        every batch's CPU, the workers' and the training process's, on
+    workers  w / (c + h + s)          each worker makes one batch at a time (h: pickling it, the queues)
+    cores    (C - o) / (c + h + m)    every batch's CPU, the workers' and the training process's, on
                                       the cores other programs (o, measured) left free
 
 and with no workers (the batch made inside next()): 1 / (c + s + g). Each epoch adds its start-up
