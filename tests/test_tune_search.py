@@ -314,3 +314,14 @@ def test_a_wrong_model_does_not_decide():
     # Short of the peak (8 of 32): measured, then the climb goes on from there to the peak.
     short = Workload(storage_bound, diagnosis=lambda s: with_model(8))
     assert run_search(short, start(2)).best.settings.num_workers == 32
+
+
+def test_no_model_start_when_the_model_cannot_predict():
+    def refused(s):
+        diagnosis = fake_diagnosis()
+        diagnosis.what_if = SimpleNamespace(cannot_predict="too few steps measured (5; the model needs 20)", best=None)
+        return diagnosis
+    plain, unsure = Workload(storage_bound), Workload(storage_bound, diagnosis=refused)
+    run_search(plain, start(2))
+    run_search(unsure, start(2))
+    assert unsure.runs == plain.runs  # the same climb from your configuration, run for run
