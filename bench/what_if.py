@@ -9,7 +9,8 @@ For each workload of ``bench/tune_vs_grid.py``:
 3. error per setting = predicted / measured - 1; per workload the median |error|; overall the median
    |error| over every setting of every workload.
 
-    python bench/what_if.py [--workloads storage,cpu,...] [--seconds 2] [--repeats 3] [--keep DIR]
+    python bench/what_if.py [--workloads storage,cpu,...] [--seconds 2] [--repeats 3] [--baseline-seconds 8]
+                            [--keep DIR]
     python bench/what_if.py --from DIR      # score the model again on the records an earlier --keep run left
 
 Targets (issue 15): median |error| <= 10% over all settings, <= 20% on every workload.
@@ -96,9 +97,10 @@ def settings_for(workers: int, persistent: bool, threads: int | None) -> LoaderS
 
 def run_workload(key: str, out: Path, args: argparse.Namespace) -> Result:
     command = workload_command(key, args.fft_rounds)
-    trials = CommandTrials(TuneOptions(command=command, out=out, seconds=args.seconds, warmup_steps=args.warmup,
-                                       stall_timeout_s=10.0))
+    trials = CommandTrials(TuneOptions(command=command, out=out, seconds=args.baseline_seconds or args.seconds,
+                                       warmup_steps=args.warmup, stall_timeout_s=10.0))
     first = trials(LoaderSettings(), "yours")
+    trials.options.seconds = args.seconds
     if first.status == INTERRUPTED:
         raise KeyboardInterrupt
     base = trials.learn_from_baseline(first)
@@ -195,6 +197,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     picked = [abs(p.error) for r in results for p in r.points if p.error is not None and p.picked_by_model]
     given = [abs(p.error_given_others) for r in results for p in r.points if p.error_given_others is not None]
     lines = [f"`python bench/what_if.py --seconds {args.seconds:g} --repeats {args.repeats} "
+             + (f"--baseline-seconds {args.baseline_seconds:g} " if getattr(args, "baseline_seconds", None) else "")
+             + f"--workloads {args.workloads} "
              f"--fft-rounds {args.fft_rounds}` on {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores"
              + (f" (scored again from the records in `{args.from_dir}`)" if args.from_dir else ""), "",
              "Each workload: one run of its own configuration, the model's prediction from that record alone, "
@@ -239,6 +243,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run, after warm-up")
+    parser.add_argument("--baseline-seconds", type=float,
+                        help="measured seconds of the run the model predicts from (default: --seconds)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fft-rounds", type=int)
@@ -248,7 +254,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "what_if.md")
     args = parser.parse_args()
     if args.from_dir:
-        args.__dict__.update(json.loads((args.from_dir / "args.json").read_text()), from_dir=args.from_dir)
+        kept = json.loads((args.from_dir / "args.json").read_text())
+        kept.pop("workloads", None)  # score the ones asked for
+        args.__dict__.update(kept, from_dir=args.from_dir)
     elif args.fft_rounds is None:
         args.fft_rounds = max(common.calibrate_fft_rounds(2.0) for _ in range(3))
     results = []
@@ -257,7 +265,7 @@ def main() -> None:
         if not args.from_dir:
             root.mkdir(parents=True, exist_ok=True)
             (root / "args.json").write_text(json.dumps({k: args.__dict__[k] for k in
-                                                         ("seconds", "repeats", "fft_rounds", "warmup")}))
+                                                         ("seconds", "repeats", "fft_rounds", "warmup", "baseline_seconds", "workloads")}))
         for key in args.workloads.split(","):
             print(f"{key}: {WORKLOADS[key]}", flush=True)
             try:
