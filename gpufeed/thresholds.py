@@ -211,6 +211,8 @@ WHATIF_MAX_OTHER_SHARE = 0.75
 # show it (no workers, or workers started again every epoch, whose start-up CPU would count too):
 # 0.5-0.8 ms per batch of 16 samples in the persistent-worker runs of bench/what_if.py (2 cores).
 WHATIF_HANDOFF_S = 0.0007
+# The least share of the cores the job is taken to get, whatever other programs used during its run.
+WHATIF_MIN_FREE_CORES = 0.25
 # Settings predicted within this share of the fastest are equal; the fewest workers win (the tune's
 # tie rule, loadtune's 2%: field-facts.md).
 WHATIF_TIE_SHARE = 0.02

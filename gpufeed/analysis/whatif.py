@@ -312,11 +312,20 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
     if workers == 0:
         epoch_start = 0.0
     else:
-        first_batch = c.cpu_s + c.sleep_s
-        fixed = c.startup_s - c.spawn_s * c.workers  # the user's worker_init_fn, the first fetch
-        epoch_start = first_batch if persistent else max(fixed, first_batch) + c.spawn_s * workers
+        # Started again, the workers fork one by one (spawn each), run the user's worker_init_fn (the
+        # rest of the measured start-up) and make their first batches all at once, sharing the cores:
+        # that part was production, not start-up, and is counted by the steady rate.
+        latency = c.cpu_s + c.handoff_s + c.sleep_s
+        init = max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
+        epoch_start = latency if persistent else init + c.spawn_s * workers + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
     return per_epoch * c.samples_per_batch / epoch_s, limit
+
+
+def _first_batches_s(c: Costs, workers: int, cores: float) -> float:
+    """How long ``workers`` first batches take when they start together on the free cores."""
+    free = max(cores - c.other_cores, th.WHATIF_MIN_FREE_CORES)
+    return max(c.cpu_s + c.handoff_s + c.sleep_s, workers * (c.cpu_s + c.handoff_s) / free)
 
 
 def predict(spread: _Spread, workers: int, persistent: bool, *, cores: float | None = None,
