@@ -18,7 +18,7 @@ Batches per second with ``w`` workers on ``C`` cores, in steady state, is the sm
     cores    (C - o) / (c + h + m)    every batch's CPU, the workers' and the training process's, on
                                       the cores other programs (o, measured) left free
 
-and with no workers (the batch made inside next()): 1 / (c + s + g). Each epoch adds its start-up
+and with no workers (the batch made inside next()): min(1 / (c + s + g), (C - o) / (c + m)). Each epoch adds its start-up
 (non-persistent workers: start-up again; persistent: the first batch's latency), amortised over the
 batches of an epoch. ``prefetch_factor`` only smooths bursts, and a thread cap changes no CPU
 seconds: neither moves the prediction. Uncertainty: the same formulas on the per-batch p25 and p75
@@ -294,12 +294,16 @@ def _startup(its: list, workers: int) -> tuple[float, float, float]:
 def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[float, str]:
     """Steady-state batches per second and the bound that binds."""
     cores = c.cores if cores is None else cores
-    if workers == 0:
-        return 1.0 / max(c.cpu_s + c.sleep_s + c.compute_s, 1e-9), LIMIT_LOOP
+    free = max(cores - c.other_cores, 0.0)
+    if workers == 0:  # one process makes the batch, then steps: serial, and it needs the CPU of both
+        bounds = {LIMIT_LOOP: 1.0 / max(c.cpu_s + c.sleep_s + c.compute_s, 1e-9),
+                  LIMIT_CORES: free / max(c.cpu_s + c.main_cpu_s, 1e-9)}
+        limit = min(bounds, key=bounds.get)
+        return bounds[limit], limit
     bounds = {
         LIMIT_LOOP: 1.0 / max(c.compute_s + c.receive_s, 1e-9),
         LIMIT_WORKERS: workers / max(c.cpu_s + c.handoff_s + c.sleep_s, 1e-9),
-        LIMIT_CORES: max(cores - c.other_cores, 0.0) / max(c.cpu_s + c.handoff_s + c.main_cpu_s, 1e-9),
+        LIMIT_CORES: free / max(c.cpu_s + c.handoff_s + c.main_cpu_s, 1e-9),
     }
     limit = min(bounds, key=bounds.get)
     return bounds[limit], limit

@@ -7,10 +7,11 @@ from rich.text import Text
 from gpufeed.analysis.whatif import Prediction, WhatIf
 
 
-def _line(p: Prediction) -> Text:
+def _line(p: Prediction, measured: float | None = None) -> Text:
+    why = p.why + (f", measured {measured:,.0f}" if measured is not None else "")
     return Text.assemble(("   ", ""), (f"{p.label:<28}", "bold"),
                          f" {p.samples_per_s:>9,.0f} samples/s  ({p.low:,.0f}-{p.high:,.0f}; limit: {p.limit})",
-                         (f"  {p.why}" if p.why else "", "dim"))
+                         (f"  {why}" if why else "", "dim"))
 
 
 def what_if_block(w: WhatIf | None) -> Group | None:
@@ -28,7 +29,7 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                       + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it (this machine has {c.cores:g}"
                          + (f"; other programs used {c.other_cores:.1f}" if c.other_cores >= 0.1 else "") + ")"
                          if w.cores_for_ceiling else f" on these {c.cores:g} cores")))
-    lines += [_line(p) for p in w.predictions]
+    lines += [_line(p, w.measured_samples_per_s if p is w.yours else None) for p in w.predictions]
     return Group(*lines)
 
 
