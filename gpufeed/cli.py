@@ -59,6 +59,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _positive_number(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def _size(text: str) -> int:
     """Bytes from ``512M``, ``1.5G``, ``8GiB`` or a plain number of bytes."""
     import re
@@ -178,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")
     p.add_argument("run_dir", type=Path)
     p.add_argument("--workers", type=_non_negative_int, metavar="N", help="num_workers (default: the run's)")
-    p.add_argument("--cores", type=_positive_float, metavar="C", help="cores the job may use (default: the run's)")
-    p.add_argument("--gpu-speedup", type=_positive_float, default=1.0, metavar="X",
+    p.add_argument("--cores", type=_positive_number, metavar="C", help="cores the job may use (default: the run's)")
+    p.add_argument("--gpu-speedup", type=_positive_number, default=1.0, metavar="X",
                    help="the training step X times faster (a faster GPU); default 1")
     p.add_argument("--persistent", action=argparse.BooleanOptionalAction, default=None,
                    help="persistent_workers (default: the run's)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpufeed import cli
 from tests.test_cli import diagnose, gpufeed
 
@@ -57,3 +59,11 @@ def _what_if(tmp_path, run_dir, *args) -> str:
     assert result.returncode == cli.EXIT_OK, result.stderr
     return out.read_text()
 
+
+
+def test_what_if_bad_numbers_are_usage_errors(tmp_path, capsys):
+    for flag, value in (("--cores", "0"), ("--gpu-speedup", "nan"), ("--workers", "-1")):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main(["what-if", str(tmp_path), flag, value])
+        assert exit_.value.code == cli.EXIT_USAGE
+        assert flag in capsys.readouterr().err

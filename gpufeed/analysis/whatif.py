@@ -422,7 +422,8 @@ def answer(record: RunRecord, training: LoaderSummary | None, m: Metrics, *, wor
     asked = predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why="as asked")
     best = best_setting(spread, cores=cores, gpu_speedup=gpu_speedup, noise=noise)
     needed_w, needed_c = workers_and_cores_for_ceiling(c, gpu_speedup)
-    return WhatIf(costs=c, noise=noise, measured_samples_per_s=m.samples_per_s,
+    return WhatIf(costs=c if cores is None else replace(c, cores=cores), noise=noise,
+                  measured_samples_per_s=m.samples_per_s,
                   yours=predict(spread, c.workers, c.persistent, noise=noise, why="your settings"),
                   ceiling_samples_per_s=ceiling(c, gpu_speedup), best=best,
                   predictions=[asked] + ([best] if best.label != asked.label else []),
