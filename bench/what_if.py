@@ -264,8 +264,8 @@ def main() -> None:
         root = args.keep or Path(tmp)
         if not args.from_dir:
             root.mkdir(parents=True, exist_ok=True)
-            (root / "args.json").write_text(json.dumps({k: args.__dict__[k] for k in
-                                                         ("seconds", "repeats", "fft_rounds", "warmup", "baseline_seconds", "workloads")}))
+            kept = ("seconds", "repeats", "fft_rounds", "warmup", "baseline_seconds", "workloads")
+            (root / "args.json").write_text(json.dumps({k: args.__dict__[k] for k in kept}))
         for key in args.workloads.split(","):
             print(f"{key}: {WORKLOADS[key]}", flush=True)
             try:

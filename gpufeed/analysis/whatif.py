@@ -200,7 +200,8 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
 
     def costs(q: float | None) -> Costs:
         return Costs(cpu_s=_q(cpu, q), sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q),
-                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, batches_per_epoch=per_epoch,
+                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns,
+                     batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
     return _Spread(p25=costs(25), p50=costs(None), p75=costs(75))
@@ -378,28 +379,19 @@ def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[i
 
 # -- the answers for a diagnosis -------------------------------------------------------------------------
 def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = ()) -> WhatIf:
+    """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best."""
     try:
         spread = measure_costs(record, training, m)
     except CannotPredict as reason:
         return WhatIf(cannot_predict=str(reason))
-    c = spread.p50
-    noise = _run_noise(record, training, m)
-    result = WhatIf(costs=c, noise=noise, measured_samples_per_s=m.samples_per_s)
-    result.yours = predict(spread, c.workers, c.persistent, noise=noise, why="your settings")
-    result.ceiling_samples_per_s = ceiling(c)
-    result.best = best_setting(spread, noise=noise)
-    workers, cores = workers_and_cores_for_ceiling(c)
-    result.workers_for_ceiling = workers
-    result.cores_for_ceiling = cores if cores > c.cores - c.other_cores else None
+    result = _answers(spread, _run_noise(record, training, m), m)
     seen = {(result.yours.num_workers, result.yours.persistent_workers)}
-    predictions = [result.yours]
-    for why, w, p in _finding_settings(findings, c):
+    for why, w, p in _finding_settings(findings, spread.p50):
         if (w, p) not in seen:
             seen.add((w, p))
-            predictions.append(predict(spread, w, p, noise=noise, why=why))
+            result.predictions.append(predict(spread, w, p, noise=result.noise, why=why))
     if (result.best.num_workers, result.best.persistent_workers) not in seen:
-        predictions.append(result.best)
-    result.predictions = predictions
+        result.predictions.append(result.best)
     return result
 
 
@@ -415,20 +407,27 @@ def answer(record: RunRecord, training: LoaderSummary | None, m: Metrics, *, wor
         return WhatIf(cannot_predict=str(reason))
     if other_cores is not None:
         spread = _Spread(*(replace(x, other_cores=other_cores) for x in (spread.p25, spread.p50, spread.p75)))
+    result = _answers(spread, _run_noise(record, training, m), m, cores, gpu_speedup)
     c = spread.p50
-    noise = _run_noise(record, training, m)
     w = c.workers if workers is None else workers
     p = c.persistent if persistent is None else persistent
-    asked = predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why="as asked")
-    best = best_setting(spread, cores=cores, gpu_speedup=gpu_speedup, noise=noise)
+    asked = predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=result.noise, why="as asked")
+    result.predictions = [asked] + ([result.best] if result.best.label != asked.label else [])
+    return result
+
+
+def _answers(spread: _Spread, noise: float, m: Metrics, cores: float | None = None,
+             gpu_speedup: float = 1.0) -> WhatIf:
+    """Your settings, the ceiling, what reaches it and the best setting, on ``cores`` (default: the run's)."""
+    c = spread.p50
+    cores = c.cores if cores is None else cores
+    yours = predict(spread, c.workers, c.persistent, noise=noise, why="your settings")
     needed_w, needed_c = workers_and_cores_for_ceiling(c, gpu_speedup)
-    return WhatIf(costs=c if cores is None else replace(c, cores=cores), noise=noise,
-                  measured_samples_per_s=m.samples_per_s,
-                  yours=predict(spread, c.workers, c.persistent, noise=noise, why="your settings"),
-                  ceiling_samples_per_s=ceiling(c, gpu_speedup), best=best,
-                  predictions=[asked] + ([best] if best.label != asked.label else []),
-                  workers_for_ceiling=needed_w,
-                  cores_for_ceiling=needed_c if needed_c > (cores or c.cores) - c.other_cores else None)
+    return WhatIf(costs=replace(c, cores=cores), noise=noise, measured_samples_per_s=m.samples_per_s, yours=yours,
+                  ceiling_samples_per_s=ceiling(c, gpu_speedup),
+                  best=best_setting(spread, cores=cores, gpu_speedup=gpu_speedup, noise=noise),
+                  predictions=[yours], workers_for_ceiling=needed_w,
+                  cores_for_ceiling=needed_c if needed_c > cores - c.other_cores else None)
 
 
 _KEYWORD = re.compile(r"(num_workers|persistent_workers)=(\d+|True)")

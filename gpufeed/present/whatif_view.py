@@ -26,7 +26,8 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                         style="dim")]
     lines.append(Text(f"   ceiling (data always ready): {w.ceiling_samples_per_s:,.0f} samples/s, "
                       f"reached with {w.workers_for_ceiling} worker{'s' if w.workers_for_ceiling != 1 else ''}"
-                      + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it (this machine has {c.cores:g}"
+                      + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it "
+                         f"(this machine has {c.cores:g}"
                          + (f"; other programs used {c.other_cores:.1f}" if c.other_cores >= 0.1 else "") + ")"
                          if w.cores_for_ceiling else f" on these {c.cores:g} cores")))
     lines += [_line(p, w.measured_samples_per_s if p is w.yours else None) for p in w.predictions]
