@@ -8,7 +8,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to analyze, report, trace or watch cannot be read
+  6  the run directory given to analyze, report, trace, what-if or watch cannot be read
   7  tune, batch-size: nothing to tune (the command never iterated a DataLoader)
   8  batch-size: no batch size fits (fails at batch size 1, budget smaller than the model) or
      the batch size cannot be overridden (a custom batch_sampler)
