@@ -8,7 +8,7 @@ Exit codes (also in the README):
   3  the command could not be started
   4  the command failed (non-zero exit or killed); the diagnosis covers what was measured
   5  the DataLoader stalled (no batch for --stall-timeout seconds)
-  6  the run directory given to analyze, report, trace or watch cannot be read
+  6  the run directory given to analyze, report, trace, what-if or watch cannot be read
   7  tune, batch-size: nothing to tune (the command never iterated a DataLoader)
   8  batch-size: no batch size fits (fails at batch size 1, budget smaller than the model) or
      the batch size cannot be overridden (a custom batch_sampler)
@@ -56,6 +56,13 @@ def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
 
 
@@ -175,6 +182,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
+    p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--workers", type=_non_negative_int, metavar="N", help="num_workers (default: the run's)")
+    p.add_argument("--cores", type=_positive_number, metavar="C", help="cores the job may use (default: the run's)")
+    p.add_argument("--gpu-speedup", type=_positive_number, default=1.0, metavar="X",
+                   help="the training step X times faster (a faster GPU); default 1")
+    p.add_argument("--persistent", action=argparse.BooleanOptionalAction, default=None,
+                   help="persistent_workers (default: the run's)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the answer as JSON to FILE")
+
     p = sub.add_parser("report", help="write a self-contained HTML report of a run, tune or batch-size directory")
     p.add_argument("run_dir", type=Path, nargs="+",
                    help="a run, tune or batch-size directory; several run directories: one per node of a job, merged")
@@ -212,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _analyze(args, console)
         if args.verb == "report":
             return _report(args, console)
+        if args.verb == "what-if":
+            return _what_if(args, console)
         if args.verb == "trace":
             return _trace(args, console)
         if args.verb == "watch":
@@ -429,6 +448,24 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
     render(diagnosis, console)
     _write_json(diagnosis, args.json, console)
     _write_tensorboard(record, args.tensorboard, console)
+    return EXIT_OK
+
+
+def _what_if(args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.analysis.whatif import answer_run
+    from gpufeed.present.whatif_view import render_what_if
+    from gpufeed.record.reader import RecordError
+
+    try:
+        result = answer_run(args.run_dir, workers=args.workers, cores=args.cores, gpu_speedup=args.gpu_speedup,
+                            persistent=args.persistent)
+    except RecordError as error:
+        _error(str(error))
+        return EXIT_BAD_RECORD
+    render_what_if(result, console)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return EXIT_OK
 
 

@@ -195,3 +195,33 @@ BATCH_TRIAL_WARMUP_STEPS = 3
 # The knee: the smallest batch whose throughput is within 5% of the best measured (differences
 # below that are run-to-run noise on a shared machine, see TUNE_NOISE_FLOOR and bench/results).
 BATCH_KNEE_TOLERANCE = 0.05
+
+# -- what if (analysis/whatif.py, docs/what-if.md) -------------------------------------------------------------
+# Fewest measured steps (and worker batches) to predict from: below this the per-batch quartiles
+# that give the prediction its range are not quartiles (issue 15: "too few steps: cannot predict").
+WHATIF_MIN_STEPS = 20
+# num_workers=0: the probe takes the CPU time of one batch in 8 (docs/run-record.md); at least this
+# many such readings give the CPU part of a batch.
+WHATIF_MIN_TIMED_BATCHES = 3
+# Sampler readings (10 Hz) of the training process inside the window: its CPU per step.
+WHATIF_MIN_SAMPLES = 3
+# next() on a batch that is already made costs the receive (the queue, unpickling): the low end of
+# the measured waits (the 5th percentile: in an input-bound run most waits include production).
+WHATIF_RECEIVE_QUANTILE = 5
+# ... capped here: a batch already made costs 0.1-0.5 ms to receive in the bench's records (2 cores);
+# a low end above 1 ms means the loop never found a batch ready, and says nothing about the receive.
+WHATIF_RECEIVE_MAX_S = 0.001
+# Other programs' CPU (host busy minus the command's tree) is taken off the cores, up to this share of
+# them: the sampler's two readings are taken at slightly different moments and can overstate it.
+WHATIF_MAX_OTHER_SHARE = 0.75
+# A worker's CPU per batch outside its fetch (pickling the batch, the queues), when the run cannot
+# show it (no workers, or workers started again every epoch, whose start-up CPU would count too):
+# 0.5-0.8 ms per batch of 16 samples in the persistent-worker runs of bench/what_if.py (2 cores).
+WHATIF_HANDOFF_S = 0.0007
+# The least share of the cores the job is taken to get, whatever other programs used during its run.
+WHATIF_MIN_FREE_CORES = 0.25
+# Settings predicted within this share of the fastest are equal; the fewest workers win (the tune's
+# tie rule, loadtune's 2%: field-facts.md).
+WHATIF_TIE_SHARE = 0.02
+# The least uncertainty a prediction carries beyond its cost quartiles: the tune's noise floor.
+WHATIF_NOISE_FLOOR = 0.03

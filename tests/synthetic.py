@@ -33,6 +33,7 @@ class Scenario:
     worker_torch_threads: int = 1
     worker_os_threads: int = 4
     worker_status: str = "sleeping"
+    worker_cpu_pct: float = 30.0      # each worker, every sample (sampler)
     host_cpu_pct: float = 40.0        # every core, every sample
     cuda: bool = False
     gpu_idle_s: float | None = None   # per step, from CUDA events (None: idle through the whole wait)
@@ -154,7 +155,8 @@ def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list
     lines, t, k = [], t0, 0
     while t <= t1:
         procs = [[MAIN_PID, 1, 100.0, 6, "running", 500 * 2**20]]
-        procs += [[w, MAIN_PID, 30.0, sc.worker_os_threads, sc.worker_status, 200 * 2**20] for w in workers]
+        procs += [[w, MAIN_PID, sc.worker_cpu_pct, sc.worker_os_threads, sc.worker_status, 200 * 2**20]
+                  for w in workers]
         gpus = []
         if sc.gpu_util_pattern:
             util = sc.gpu_util_pattern[k % len(sc.gpu_util_pattern)]

@@ -285,3 +285,43 @@ def test_no_workers_is_tried_only_when_the_cores_are_full():
     idle = Workload(rate, noise=0.0, diagnosis=lambda s: fake_diagnosis(cores_used=0.8))
     result = run_search(idle, start(2))
     assert 0 not in {s.num_workers or 0 for s in idle.runs}
+
+
+def with_model(workers, persistent=False, **kw):
+    """A diagnosis whose what-if model predicts ``workers`` (and ``persistent``) fastest."""
+    diagnosis = fake_diagnosis(**kw)
+    diagnosis.what_if = SimpleNamespace(cannot_predict=None, best=SimpleNamespace(
+        num_workers=workers, persistent_workers=persistent, samples_per_s=1000.0, limit="workers"))
+    return diagnosis
+
+
+def test_the_model_s_best_is_measured_first_and_saves_the_climb():
+    plain = Workload(storage_bound)
+    without = run_search(plain, start(2))
+    modelled = Workload(storage_bound, diagnosis=lambda s: with_model(32))
+    result = run_search(modelled, start(2))
+    assert modelled.runs[2].num_workers == 32  # right after the two baseline runs
+    assert result.best.settings.num_workers == without.best.settings.num_workers == 32
+    assert len(modelled.runs) < len(plain.runs)
+
+
+def test_a_wrong_model_does_not_decide():
+    # The model says 1 worker; measurement shows it slower than yours and climbs as without the model.
+    wrong = Workload(storage_bound, diagnosis=lambda s: with_model(1))
+    result = run_search(wrong, start(2))
+    assert wrong.runs[2].num_workers == 1
+    assert result.best.settings.num_workers == 32
+    # Short of the peak (8 of 32): measured, then the climb goes on from there to the peak.
+    short = Workload(storage_bound, diagnosis=lambda s: with_model(8))
+    assert run_search(short, start(2)).best.settings.num_workers == 32
+
+
+def test_no_model_start_when_the_model_cannot_predict():
+    def refused(s):
+        diagnosis = fake_diagnosis()
+        diagnosis.what_if = SimpleNamespace(cannot_predict="too few steps measured (5; the model needs 20)", best=None)
+        return diagnosis
+    plain, unsure = Workload(storage_bound), Workload(storage_bound, diagnosis=refused)
+    run_search(plain, start(2))
+    run_search(unsure, start(2))
+    assert unsure.runs == plain.runs  # the same climb from your configuration, run for run

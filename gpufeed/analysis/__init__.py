@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpufeed.analysis import ranks, rules
+from gpufeed.analysis import ranks, rules, whatif
 from gpufeed.analysis.findings import SEVERITY_ORDER, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics, loader_summaries
 from gpufeed.record.reader import RunRecord, load_run
@@ -40,7 +40,7 @@ def analyze_record(record: RunRecord) -> Diagnosis:
         gpu_unavailable_reason=None if record.samples.gpus else gpu_error,
         run={"command": record.meta.command, "end_reason": record.meta.end_reason,
              "exit_code": record.meta.exit_code, "message": record.meta.message},
-        warnings=warnings,
+        warnings=warnings, what_if=whatif.what_if(record, training, metrics, findings),
     )
 
 

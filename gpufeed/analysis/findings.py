@@ -58,6 +58,7 @@ class Diagnosis:
     run_dirs: list[str] = field(default_factory=list)  # a job merged from several nodes: all its runs
     # The wall time split by BOTTLENECKS (shares; None where not measured): the headline's numbers.
     costs: dict[str, float | None] = field(default_factory=dict)
+    what_if: Any = None              # analysis.whatif.WhatIf: predictions for other settings
 
     def finding(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)
@@ -79,4 +80,5 @@ class Diagnosis:
             "run": self.run,
             "warnings": self.warnings,
             "run_dirs": self.run_dirs or [self.run_dir],
+            "what_if": self.what_if.to_dict() if self.what_if is not None else None,
         }

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics
+from gpufeed.present.whatif_view import what_if_block
 from gpufeed.units import NA, fmt, human_bytes
 
 SEVERITY_STYLE = {HIGH: "bold red", MEDIUM: "yellow", LOW: "cyan", INFO: "green"}
@@ -157,6 +158,9 @@ def render(d: Diagnosis, console: Console | None = None) -> None:
         console.print(Text("Findings, ranked by the time they cost:", style="bold"))
         for i, f in enumerate(d.findings, 1):
             console.print(finding_block(i, f))
+    block = what_if_block(d.what_if)
+    if block is not None:
+        console.print(block)
     for w in d.warnings:
         console.print(Text(f"note: {w}", style="yellow"))
     dirs = " ".join(d.run_dirs or [d.run_dir])

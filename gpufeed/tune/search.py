@@ -6,7 +6,9 @@ a thread cap of 1 inside workers, and ``pin_memory`` when CUDA is used. Instead 
 grid, the search:
 
 1. measures the user's own configuration twice: its run-to-run spread sets the noise (then the
-   median spread of every configuration measured twice);
+   median spread of every configuration measured twice); when the what-if model can predict from
+   that run (``analysis/whatif.py``), measures its best setting next and, if it is faster, climbs
+   from there instead of from the user's configuration;
 2. fixes a cause as soon as a run shows it: the thread cap when workers ran several threads,
    persistent workers when worker start-up cost time. The fix is measured at once, beside the run
    that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
@@ -106,7 +108,8 @@ class Search:
             self._run_once(baseline)  # its spread is the noise every later decision allows for
             self._update_noise()
             self.best = baseline
-            self._climb_workers(self._fix_causes(baseline))
+            start = self._fix_causes(baseline)
+            self._climb_workers(self._from_model(start) or start)
             self._refine_workers()
             self._no_workers_when_cores_are_full()
             self._other_settings()
@@ -194,6 +197,28 @@ class Search:
         if not s.num_workers and workers:  # from no workers: the tuned template's other settings
             s = dataclasses.replace(s, prefetch_factor=None, persistent_workers=False)
         return dataclasses.replace(s, num_workers=workers)
+
+    def _from_model(self, start: Trial) -> Trial | None:
+        """The setting the what-if model (analysis/whatif.py) predicts fastest from the baseline's run,
+        measured, when it beats ``start``: the climb then starts there, and measurement decides."""
+        diag = start.diagnosis if start.diagnosis is not None else self.trials[self.baseline_settings].diagnosis
+        model = getattr(diag, "what_if", None)
+        if model is None or model.cannot_predict or model.best is None:
+            return None
+        best = model.best
+        workers = min(best.num_workers, self.max_workers)
+        # A fix measured faster so far (persistent workers, a thread cap) stays.
+        settings = dataclasses.replace(self._with_workers(start, workers), persistent_workers=(
+            best.persistent_workers or bool(start.settings.persistent_workers and start.settings.num_workers)))
+        if normalise(settings) == start.settings:
+            return None
+        trial = self._fix_causes(self._measured(
+            settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
+        if not self._faster(trial, start):
+            return None  # the model was wrong here: climb from your configuration as without it
+        if self._faster(trial, self.best):
+            self.best = trial
+        return trial
 
     def _climb_workers(self, start: Trial, *, down: bool = True) -> None:
         """Up the ladder while throughput rises; down to the fewest workers that keep up otherwise

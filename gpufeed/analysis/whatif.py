@@ -1,0 +1,472 @@
+"""What if: samples/s for other DataLoader settings, cores or a faster GPU, from one run's record.
+
+The model (docs/what-if.md has the formulas and what they assume). Per batch, measured in the run:
+
+- ``cpu_s``    c: CPU time a worker spends making it (needs a core);
+- ``sleep_s``  s: the rest of the fetch that is not waiting for a core (storage, network, sleep);
+- ``compute_s`` g: the training step after the batch arrives (delivery to the next request);
+- ``receive_s`` r: what next() costs when the batch is already made (unpickling, the queue);
+- ``main_cpu_s`` m: the training process's CPU per step (compute on a CPU-only run, receiving,
+  the loop), which competes with the workers for the cores;
+- ``startup_s``: a non-persistent iterator's start-up each epoch (workers forked, their
+  ``worker_init_fn``), ``spawn_s`` of it per worker.
+
+Batches per second with ``w`` workers on ``C`` cores, in steady state, is the smallest of
+
+    loop     1 / (g + r)              the step itself: the ceiling, data always ready
+    workers  w / (c + h + s)          each worker makes one batch at a time (h: pickling it, the queues)
+    cores    (C - o) / (c + h + m)    every batch's CPU, the workers' and the training process's, on
+                                      the cores other programs (o, measured) left free
+
+and with no workers (the batch made inside next()): min(1 / (c + s + g), (C - o) / (c + m)). Each epoch adds its start-up
+(non-persistent workers: start-up again; persistent: the first batch's latency), amortised over the
+batches of an epoch. ``prefetch_factor`` only smooths bursts, and a thread cap changes no CPU
+seconds: neither moves the prediction. Uncertainty: the same formulas on the per-batch p25 and p75
+costs, widened by the run's own noise (its two halves' throughputs).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from gpufeed import thresholds as th
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe
+from gpufeed.record.reader import RunRecord
+
+LIMIT_LOOP, LIMIT_WORKERS, LIMIT_CORES = "compute", "workers", "cores"
+
+
+@dataclass(frozen=True)
+class Costs:
+    """The model's inputs, per batch (seconds), measured in one run."""
+
+    cpu_s: float
+    sleep_s: float
+    handoff_s: float             # a worker's CPU per batch outside the fetch: pickling it, the queue
+    compute_s: float
+    receive_s: float
+    main_cpu_s: float
+    startup_s: float             # a new iterator's start-up before its first batch, besides the fetch
+    spawn_s: float               # of which per worker (forking it)
+    batches_per_epoch: float
+    samples_per_batch: float
+    cores: float
+    other_cores: float           # cores other programs kept busy during the run (a shared machine)
+    workers: int
+    persistent: bool
+    cuda: bool
+
+    def scaled(self, gpu_speedup: float) -> "Costs":
+        """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
+        step is the training process's CPU, which shrinks with it."""
+        if gpu_speedup == 1.0:
+            return self
+        main = self.main_cpu_s if self.cuda else max(self.main_cpu_s - self.compute_s * (1 - 1 / gpu_speedup), 0.0)
+        return replace(self, compute_s=self.compute_s / gpu_speedup, main_cpu_s=main)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted samples/s of one setting, with its range and what limits it."""
+
+    label: str                   # e.g. "w8 persistent on 2 cores"
+    num_workers: int
+    persistent_workers: bool
+    cores: float
+    gpu_speedup: float
+    samples_per_s: float
+    low: float                   # p75 costs and the run's noise
+    high: float                  # p25 costs and the run's noise
+    limit: str                   # compute | workers | cores: the bound that binds
+    why: str = ""                # which setting this is (your run, a finding's fix, the best)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: json_safe(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class WhatIf:
+    """The model's answers for one run, or why it cannot give any."""
+
+    cannot_predict: str | None = None            # the reason; then nothing else is set
+    costs: Costs | None = None
+    noise: float | None = None
+    measured_samples_per_s: float | None = None
+    yours: Prediction | None = None              # the run's own settings: the model against the run
+    ceiling_samples_per_s: float | None = None   # compute only: the data always ready
+    best: Prediction | None = None               # the best setting on this machine's cores
+    predictions: list[Prediction] = field(default_factory=list)
+    workers_for_ceiling: int | None = None       # fewest workers that reach the ceiling (enough cores)
+    cores_for_ceiling: int | None = None         # cores that reach it; None when these cores already do
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.cannot_predict:
+            return {"cannot_predict": self.cannot_predict}
+        return {
+            "cannot_predict": None,
+            "measured_samples_per_s": json_safe(self.measured_samples_per_s),
+            "ceiling_samples_per_s": json_safe(self.ceiling_samples_per_s),
+            "workers_for_ceiling": self.workers_for_ceiling,
+            "cores_for_ceiling": self.cores_for_ceiling,
+            "yours": self.yours.to_dict() if self.yours else None,
+            "best": self.best.to_dict() if self.best else None,
+            "predictions": [p.to_dict() for p in self.predictions],
+            "noise": json_safe(self.noise),
+            "costs_ms": {k: json_safe(v * 1000.0) for k, v in asdict(self.costs).items()
+                         if k.endswith("_s")} if self.costs else None,
+        }
+
+
+class CannotPredict(Exception):
+    """The record lacks what the model needs; the message says what."""
+
+
+# -- measuring the costs ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Spread:
+    """The costs at their p25, mean and p75 (``p50`` holds the mean)."""
+
+    p25: Costs
+    p50: Costs
+    p75: Costs
+
+
+def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> _Spread:
+    """The model's inputs from the record; raises ``CannotPredict`` with the reason."""
+    if training is None or not training.steps:
+        raise CannotPredict("the run never iterated a DataLoader")
+    if len(m.ranks) > 1:
+        raise CannotPredict("several ranks: the model covers one training process")
+    if m.steps < th.WHATIF_MIN_STEPS or m.window_start_t is None or not m.wall_s:
+        raise CannotPredict(f"too few steps measured ({m.steps}; the model needs {th.WHATIF_MIN_STEPS})")
+    t0, t1 = m.window_start_t, m.window_end_t
+    its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
+    steps = np.concatenate([it.steps for it in its])
+    steps = steps[np.argsort(steps[:, 1], kind="stable")]
+    in_window = steps[(steps[:, 1] >= t0) & (steps[:, 1] < t1)]
+    workers = int(m.num_workers or 0)
+
+    if workers:
+        rows = np.concatenate([f.rows for f in record.fetches if f.pid in set(training.worker_pids)]
+                              or [np.empty((0, 4))])
+        inside = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1)]
+        rows = inside if len(inside) >= th.WHATIF_MIN_STEPS else rows
+        if len(rows) < th.WHATIF_MIN_STEPS:
+            raise CannotPredict(f"the workers reported {len(rows)} batches; the model needs {th.WHATIF_MIN_STEPS}")
+        timed = rows[np.isfinite(rows[:, 2])]
+        if not len(timed):
+            raise CannotPredict("no CPU readings of the workers' batches")
+        wall, cpu = rows[:, 1] - rows[:, 0], timed[:, 2]
+        # A worker is off the CPU while it sleeps on I/O, and also while it queues for a core (state R,
+        # runnable): only the first is a cost more workers can overlap without more cores.
+        running = m.worker_running_share
+        asleep = wall * (1.0 - running) if running is not None else wall - cpu.mean()
+        asleep = np.clip(asleep, 0.0, np.maximum(wall - cpu.mean(), 0.0))
+        waits = in_window[:, 2] - in_window[:, 1]
+        receive = min(_q(waits, th.WHATIF_RECEIVE_QUANTILE), th.WHATIF_RECEIVE_MAX_S)
+    else:
+        # num_workers=0: the batch is made inside next(); the probe takes its CPU time for one in 8.
+        timed = in_window[np.isfinite(in_window[:, 4])]
+        if len(timed) < th.WHATIF_MIN_TIMED_BATCHES:
+            raise CannotPredict(f"{len(timed)} CPU readings of the batches made in the training process; "
+                                f"the model needs {th.WHATIF_MIN_TIMED_BATCHES}")
+        wall, cpu = in_window[:, 2] - in_window[:, 1], timed[:, 4]
+        asleep = np.clip(wall - cpu.mean(), 0.0, None)
+        receive = 0.0
+    compute = _compute_times(its, t0, t1)
+    if len(compute) < 2:
+        raise CannotPredict("too few steps with a measured compute time")
+
+    main_cpu = _main_cpu_per_step(record, training.pid, t0, t1, in_window, workers)
+    if main_cpu is None:
+        raise CannotPredict("no CPU readings of the training process (the sampler saw none in the window)")
+    cfg = training.config
+    batch = float(np.median(in_window[:, 3])) if len(in_window) else float(cfg.get("batch_size") or 1)
+    startups, spawns, per_epoch = _startup(its, workers)
+    handoff = th.WHATIF_HANDOFF_S
+    if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
+        measured = _handoff(record, set(training.worker_pids), rows, t0, t1)
+        handoff = measured if measured is not None else handoff
+    others = 0.0
+    if m.cpu_cores_busy is not None and m.cpu_cores_command is not None:
+        others = min(max(m.cpu_cores_busy - m.cpu_cores_command, 0.0), m.cpu_count * th.WHATIF_MAX_OTHER_SHARE)
+
+    # Without workers the training process's CPU includes the batches it made.
+    main = main_cpu if workers else max(main_cpu - float(cpu.mean()), 0.0)
+
+    def costs(q: float | None) -> Costs:
+        return Costs(cpu_s=_q(cpu, q), sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q),
+                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns,
+                     batches_per_epoch=per_epoch,
+                     samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
+                     persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
+    return _Spread(p25=costs(25), p50=costs(None), p75=costs(75))
+
+
+def _q(values: np.ndarray, q: float | None) -> float:
+    """The ``q``-th percentile; ``None``: the mean (throughput is set by the mean cost, tail included)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return 0.0
+    return float(values.mean()) if q is None else float(np.percentile(values, q))
+
+
+def _compute_times(its: list, t0: float, t1: float) -> np.ndarray:
+    """Delivery to the next request of the same iterator: the step's own time."""
+    out = []
+    for it in its:
+        s = it.steps
+        if len(s) < 2:
+            continue
+        keep = (s[:-1, 1] >= t0) & (s[:-1, 1] < t1)
+        out.append((s[1:, 1] - s[:-1, 2])[keep])
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps: np.ndarray,
+                       workers: int) -> float | None:
+    """The training process's CPU seconds per step outside next(), from the sampler's readings.
+
+    With workers, the process may burn CPU while it waits (OpenMP threads spin after each parallel
+    region), and that share shrinks when it waits less: each reading's CPU is split by least squares
+    into cores used while stepping and while waiting, and only the first counts per step. Without
+    workers the batch is made inside next(): every CPU second counts (the caller takes the batch's off).
+    """
+    s = record.samples
+    idx = [i for i in np.flatnonzero((s.t >= t0) & (s.t <= t1)) if i > 0]
+    rows = []
+    for i in idx:
+        pct = next((row[2] for row in s.procs[i] if row[0] == pid and row[2] is not None), None)
+        if pct is None:
+            continue
+        a, b = float(s.t[i - 1]), float(s.t[i])
+        waited = float(np.clip(np.minimum(steps[:, 2], b) - np.maximum(steps[:, 1], a), 0, None).sum())
+        rows.append((pct / 100.0 * (b - a), (b - a) - waited, waited))
+    if len(rows) < th.WHATIF_MIN_SAMPLES or not len(steps):
+        return None
+    cpu, busy, waited = (np.array(col) for col in zip(*rows))
+    per_step = float(cpu.sum()) / len(steps) * (t1 - t0) / max(float(busy.sum() + waited.sum()), 1e-9)
+    if not workers:
+        return per_step
+    fit, *_ = np.linalg.lstsq(np.column_stack([busy, waited]), cpu, rcond=None)
+    stepping = float(fit[0])
+    if not np.isfinite(stepping) or stepping <= 0:
+        return per_step
+    busy_per_step = (t1 - t0 - _waited(steps, t0, t1)) / len(steps)
+    return min(stepping * busy_per_step, per_step)
+
+
+def _handoff(record: RunRecord, workers: set[int], rows: np.ndarray, t0: float, t1: float) -> float | None:
+    """The workers' CPU per batch beyond their fetches: the sampler's CPU of the worker processes in the
+    window, less the fetches' own CPU, per batch made in it."""
+    s = record.samples
+    idx = [i for i in np.flatnonzero((s.t >= t0) & (s.t <= t1)) if i > 0]
+    made = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1)]
+    if len(idx) < th.WHATIF_MIN_SAMPLES or not len(made):
+        return None
+    total = sum((row[2] or 0.0) / 100.0 * float(s.t[i] - s.t[i - 1]) for i in idx for row in s.procs[i]
+                if row[0] in workers)
+    covered = float(s.t[idx[-1]] - s.t[idx[0] - 1])
+    fetch_cpu = float(np.nansum(made[:, 2])) * min(covered / (t1 - t0), 1.0)
+    return max(total - fetch_cpu, 0.0) / len(made)
+
+
+def _waited(steps: np.ndarray, t0: float, t1: float) -> float:
+    return float(np.clip(np.minimum(steps[:, 2], t1) - np.maximum(steps[:, 1], t0), 0, None).sum())
+
+
+def _startup(its: list, workers: int) -> tuple[float, float, float]:
+    """Start-up of a new iterator besides its first fetch (median), the share of it per worker
+    (forking), and the batches of an epoch."""
+    firsts = [(it.t_created, it.t_ready, it.steps[0, 2]) for it in its if len(it.steps)]
+    startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
+    spawn = float(np.median([ready - created for created, ready, _first in firsts])) / workers if workers else 0.0
+    epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
+    per_epoch = sum(len(it.steps) for it in its) / max(epochs, 1)
+    return startup, spawn, per_epoch
+
+
+# -- the model ------------------------------------------------------------------------------------------
+def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[float, str]:
+    """Steady-state batches per second and the bound that binds."""
+    cores = c.cores if cores is None else cores
+    free = max(cores - c.other_cores, 0.0)
+    if workers == 0:  # one process makes the batch, then steps: serial, and it needs the CPU of both
+        bounds = {LIMIT_LOOP: 1.0 / max(c.cpu_s + c.sleep_s + c.compute_s, 1e-9),
+                  LIMIT_CORES: free / max(c.cpu_s + c.main_cpu_s, 1e-9)}
+        limit = min(bounds, key=bounds.get)
+        return bounds[limit], limit
+    bounds = {
+        LIMIT_LOOP: 1.0 / max(c.compute_s + c.receive_s, 1e-9),
+        LIMIT_WORKERS: workers / max(c.cpu_s + c.handoff_s + c.sleep_s, 1e-9),
+        LIMIT_CORES: free / max(c.cpu_s + c.handoff_s + c.main_cpu_s, 1e-9),
+    }
+    limit = min(bounds, key=bounds.get)
+    return bounds[limit], limit
+
+
+def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None = None) -> tuple[float, str]:
+    """Samples per second over whole epochs: the steady rate, plus each epoch's start-up."""
+    rate, limit = batches_per_s(c, workers, cores)
+    per_epoch = max(c.batches_per_epoch, 1.0)
+    if workers == 0:
+        epoch_start = 0.0
+    else:
+        # Started again, the workers fork one by one (spawn each), run the user's worker_init_fn (the
+        # rest of the measured start-up) and make their first batches all at once, sharing the cores:
+        # that part was production, not start-up, and is counted by the steady rate.
+        latency = c.cpu_s + c.handoff_s + c.sleep_s
+        init = max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
+        epoch_start = latency if persistent else init + c.spawn_s * workers + latency
+    epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
+    return per_epoch * c.samples_per_batch / epoch_s, limit
+
+
+def _first_batches_s(c: Costs, workers: int, cores: float) -> float:
+    """How long ``workers`` first batches take when they start together on the free cores."""
+    free = max(cores - c.other_cores, th.WHATIF_MIN_FREE_CORES)
+    return max(c.cpu_s + c.handoff_s + c.sleep_s, workers * (c.cpu_s + c.handoff_s) / free)
+
+
+def predict(spread: _Spread, workers: int, persistent: bool, *, cores: float | None = None,
+            gpu_speedup: float = 1.0, noise: float = 0.0, why: str = "") -> Prediction:
+    value, limit = samples_per_s(spread.p50.scaled(gpu_speedup), workers, persistent, cores)
+    low, _ = samples_per_s(spread.p75.scaled(gpu_speedup), workers, persistent, cores)
+    high, _ = samples_per_s(spread.p25.scaled(gpu_speedup), workers, persistent, cores)
+    cores = spread.p50.cores if cores is None else cores
+    return Prediction(label=setting_label(workers, persistent, cores, gpu_speedup), num_workers=workers,
+                      persistent_workers=persistent and workers > 0, cores=cores, gpu_speedup=gpu_speedup,
+                      samples_per_s=value, low=min(low, value) * (1 - noise), high=max(high, value) * (1 + noise),
+                      limit=limit, why=why)
+
+
+def setting_label(workers: int, persistent: bool, cores: float, gpu_speedup: float = 1.0) -> str:
+    label = f"w{workers}" + (" persistent" if persistent and workers else "") + f" on {cores:g} cores"
+    return label + (f", GPU {gpu_speedup:g}x" if gpu_speedup != 1.0 else "")
+
+
+def best_setting(spread: _Spread, *, cores: float | None = None, gpu_speedup: float = 1.0, noise: float = 0.0,
+                 max_workers: int | None = None) -> Prediction:
+    """The fastest predicted setting; among those within 2% of it, the fewest workers (less memory)."""
+    cores = spread.p50.cores if cores is None else cores
+    top = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(int(cores), 1)
+    candidates = [predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why="best on these cores")
+                  for w in range(0, top + 1) for p in ((False, True) if w else (False,))]
+    fastest = max(p.samples_per_s for p in candidates)
+    close = [p for p in candidates if p.samples_per_s >= fastest * (1 - th.WHATIF_TIE_SHARE)]
+    return min(close, key=lambda p: (p.num_workers, p.persistent_workers))
+
+
+def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
+    """Samples/s with the data always ready: the step alone."""
+    c = c.scaled(gpu_speedup)
+    return c.samples_per_batch / max(c.compute_s + c.receive_s, 1e-9)
+
+
+def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[int, int]:
+    """Fewest workers, and cores, whose bounds reach the ceiling (each batch one worker for c + s;
+    every batch's CPU, the workers' and the training process's, on the cores)."""
+    c = c.scaled(gpu_speedup)
+    rate = 1.0 / max(c.compute_s + c.receive_s, 1e-9)
+    return (max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.sleep_s) - 1e-9)),
+            max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))
+
+
+# -- the answers for a diagnosis -------------------------------------------------------------------------
+def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = ()) -> WhatIf:
+    """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best."""
+    try:
+        spread = measure_costs(record, training, m)
+    except CannotPredict as reason:
+        return WhatIf(cannot_predict=str(reason))
+    result = _answers(spread, _run_noise(record, training, m), m)
+    seen = {(result.yours.num_workers, result.yours.persistent_workers)}
+    for why, w, p in _finding_settings(findings, spread.p50):
+        if (w, p) not in seen:
+            seen.add((w, p))
+            result.predictions.append(predict(spread, w, p, noise=result.noise, why=why))
+    if (result.best.num_workers, result.best.persistent_workers) not in seen:
+        result.predictions.append(result.best)
+    return result
+
+
+def answer(record: RunRecord, training: LoaderSummary | None, m: Metrics, *, workers: int | None = None,
+           cores: float | None = None, gpu_speedup: float = 1.0, persistent: bool | None = None,
+           other_cores: float | None = None) -> WhatIf:
+    """``gpufeed what-if``: the prediction for the settings asked (the run's own for those not given),
+    and the best on the cores asked. ``other_cores``: the cores other programs take (default: what
+    they took during the run)."""
+    try:
+        spread = measure_costs(record, training, m)
+    except CannotPredict as reason:
+        return WhatIf(cannot_predict=str(reason))
+    if other_cores is not None:
+        spread = _Spread(*(replace(x, other_cores=other_cores) for x in (spread.p25, spread.p50, spread.p75)))
+    result = _answers(spread, _run_noise(record, training, m), m, cores, gpu_speedup)
+    c = spread.p50
+    w = c.workers if workers is None else workers
+    p = c.persistent if persistent is None else persistent
+    asked = predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=result.noise, why="as asked")
+    result.predictions = [asked] + ([result.best] if result.best.label != asked.label else [])
+    return result
+
+
+def _answers(spread: _Spread, noise: float, m: Metrics, cores: float | None = None,
+             gpu_speedup: float = 1.0) -> WhatIf:
+    """Your settings, the ceiling, what reaches it and the best setting, on ``cores`` (default: the run's)."""
+    c = spread.p50
+    cores = c.cores if cores is None else cores
+    yours = predict(spread, c.workers, c.persistent, noise=noise, why="your settings")
+    needed_w, needed_c = workers_and_cores_for_ceiling(c, gpu_speedup)
+    return WhatIf(costs=replace(c, cores=cores), noise=noise, measured_samples_per_s=m.samples_per_s, yours=yours,
+                  ceiling_samples_per_s=ceiling(c, gpu_speedup),
+                  best=best_setting(spread, cores=cores, gpu_speedup=gpu_speedup, noise=noise),
+                  predictions=[yours], workers_for_ceiling=needed_w,
+                  cores_for_ceiling=needed_c if needed_c > cores - c.other_cores else None)
+
+
+_KEYWORD = re.compile(r"(num_workers|persistent_workers)=(\d+|True)")
+
+
+def _finding_settings(findings, c: Costs):
+    """(why, workers, persistent) for the DataLoader change each finding recommends."""
+    for f in findings:
+        found = dict(_KEYWORD.findall(getattr(f, "recommendation", "") or ""))
+        if not found:
+            continue
+        w = int(found["num_workers"]) if "num_workers" in found else c.workers
+        persistent = found.get("persistent_workers") == "True" or (c.persistent and "num_workers" in found)
+        if w == 0 and "num_workers" not in found:
+            continue
+        yield f"the fix of {f.id}", w, persistent
+
+
+def _run_noise(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> float:
+    """The run's own noise: how far the throughputs of its two halves differ (at least the floor)."""
+    noise = th.WHATIF_NOISE_FLOOR
+    if training is None or m.window_start_t is None or m.window_end_t is None:
+        return noise
+    its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
+    steps = np.concatenate([it.steps for it in its])
+    t0, t1 = m.window_start_t, m.window_end_t
+    mid = (t0 + t1) / 2
+    halves = [steps[(steps[:, 2] > a) & (steps[:, 2] <= b), 3].sum() / (b - a) for a, b in ((t0, mid), (mid, t1))]
+    if min(halves) > 0:
+        noise = max(noise, abs(halves[0] - halves[1]) / (halves[0] + halves[1]))
+    return min(noise, th.TUNE_NOISE_CAP)
+
+
+def answer_run(run_dir, **asked) -> WhatIf:
+    """``answer`` for a run directory (raises ``RecordError`` when it cannot be read)."""
+    from gpufeed.analysis import ranks
+    from gpufeed.analysis.metrics import loader_summaries
+    from gpufeed.record.reader import load_run
+
+    record = load_run(run_dir)
+    m, training = ranks.job_metrics(record, loader_summaries(record))
+    return answer(record, training, m, **asked)

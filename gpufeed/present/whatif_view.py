@@ -1,0 +1,45 @@
+"""The "what if" block: the model's predictions (analysis/whatif.py), each with its range."""
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.text import Text
+
+from gpufeed.analysis.whatif import Prediction, WhatIf
+
+
+def _line(p: Prediction, measured: float | None = None) -> Text:
+    why = p.why + (f", measured {measured:,.0f}" if measured is not None else "")
+    return Text.assemble(("   ", ""), (f"{p.label:<28}", "bold"),
+                         f" {p.samples_per_s:>9,.0f} samples/s  ({p.low:,.0f}-{p.high:,.0f}; limit: {p.limit})",
+                         (f"  {why}" if why else "", "dim"))
+
+
+def what_if_block(w: WhatIf | None) -> Group | None:
+    if w is None:
+        return None
+    head = Text("What if (a model of the loader fed by this run's per-batch costs; docs/what-if.md):", style="bold")
+    if w.cannot_predict:
+        return Group(head, Text(f"   cannot predict: {w.cannot_predict}.", style="yellow"))
+    c = w.costs
+    lines = [head, Text(f"   per batch: {c.cpu_s * 1e3:.1f} ms CPU + {c.sleep_s * 1e3:.1f} ms asleep in a worker; "
+                        f"step {c.compute_s * 1e3:.1f} ms; training process {c.main_cpu_s * 1e3:.1f} ms CPU",
+                        style="dim")]
+    lines.append(Text(f"   ceiling (data always ready): {w.ceiling_samples_per_s:,.0f} samples/s, "
+                      f"reached with {w.workers_for_ceiling} worker{'s' if w.workers_for_ceiling != 1 else ''}"
+                      + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it "
+                         f"(this machine has {c.cores:g}"
+                         + (f"; other programs used {c.other_cores:.1f}" if c.other_cores >= 0.1 else "") + ")"
+                         if w.cores_for_ceiling else f" on these {c.cores:g} cores")))
+    lines += [_line(p, w.measured_samples_per_s if p is w.yours else None) for p in w.predictions]
+    return Group(*lines)
+
+
+def render_what_if(w: WhatIf, console: Console | None = None) -> None:
+    """``gpufeed what-if``: the block alone."""
+    console = console or Console()
+    block = what_if_block(w)
+    if block is not None:
+        console.print(block)
+    if w.measured_samples_per_s is not None and not w.cannot_predict:
+        console.print(Text(f"   measured in this run: {w.measured_samples_per_s:,.0f} samples/s "
+                           f"(model: {w.yours.samples_per_s:,.0f})", style="dim"))

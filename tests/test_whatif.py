@@ -1,0 +1,109 @@
+"""The what-if model on synthetic records: its formulas, and the runs it must refuse to predict from."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from gpufeed.analysis import analyze
+from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, LIMIT_WORKERS, answer_run
+from tests.synthetic import Scenario, write_run
+
+# Workers asleep 95% of a 100 ms fetch (5 ms CPU), a 10 ms step, the training process busy 100%.
+STORAGE = Scenario(num_workers=2, persistent_workers=True, wait_s=0.040, compute_s=0.010, fetch_wall_s=0.100,
+                   fetch_cpu_s=0.005, host_cpu_pct=30, worker_cpu_pct=5.5)
+# num_workers=0: 30 ms of CPU per batch inside next(), a 1 ms step.
+CPU_BOUND = Scenario(num_workers=0, wait_s=0.030, compute_s=0.001, fetch_cpu_s=0.030, host_cpu_pct=50)
+
+
+def run(tmp_path, scenario, **asked):
+    return answer_run(write_run(tmp_path / "run", scenario), **asked)
+
+
+def test_sleeping_workers_scale_with_their_number(tmp_path):
+    two = run(tmp_path, STORAGE)
+    assert two.cannot_predict is None
+    c = two.costs
+    assert c.cpu_s == pytest.approx(0.005) and c.sleep_s == pytest.approx(0.095, rel=0.01)
+    assert c.handoff_s == pytest.approx(0.0005, abs=0.0003)  # the sampler saw 5.5% CPU: 0.5 ms beyond the fetch
+    yours = two.predictions[0]
+    # 2 workers, one 100 ms batch each at a time: 20 batches/s of 32 samples.
+    assert yours.limit == LIMIT_WORKERS
+    assert yours.samples_per_s == pytest.approx(640, rel=0.05)
+    eight = answer_run(tmp_path / "run", workers=8).predictions[0]
+    assert eight.samples_per_s == pytest.approx(4 * yours.samples_per_s, rel=0.05)
+    assert eight.low <= eight.samples_per_s <= eight.high
+
+
+def test_enough_workers_reach_the_ceiling_of_the_step(tmp_path):
+    w = run(tmp_path, STORAGE, workers=16)
+    p = w.predictions[0]
+    # 16 workers make 160 batches/s; the loop takes a batch every 10 ms + the receive: the step binds.
+    assert p.limit == LIMIT_LOOP
+    assert p.samples_per_s == pytest.approx(w.ceiling_samples_per_s, rel=0.05)
+    assert w.workers_for_ceiling == pytest.approx(10, abs=1)  # 100 ms per batch / ~10 ms per step
+
+
+def test_cpu_bound_batches_are_capped_by_the_cores(tmp_path):
+    w = run(tmp_path, CPU_BOUND, workers=16)
+    p = w.predictions[0]
+    assert w.costs.cpu_s == pytest.approx(0.030)
+    assert p.limit == LIMIT_CORES
+    # 2 cores / (30 ms of the workers + the training process's ~1 ms) per batch of 32 samples.
+    assert p.samples_per_s == pytest.approx(2 / 0.031 * 32, rel=0.08)
+    four = answer_run(tmp_path / "run", workers=16, cores=4).predictions[0]
+    assert four.samples_per_s == pytest.approx(2 * p.samples_per_s, rel=0.02)
+    # 1 ms steps need 31 ms of CPU each: about 31 cores to keep the loop fed.
+    assert w.cores_for_ceiling == pytest.approx(31, abs=3)
+
+
+def test_no_workers_is_the_batch_plus_the_step(tmp_path):
+    w = run(tmp_path, CPU_BOUND)
+    yours = w.predictions[0]
+    assert yours.num_workers == 0
+    assert yours.samples_per_s == pytest.approx(32 / 0.031, rel=0.05)
+    assert yours.samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
+
+
+def test_a_faster_gpu_raises_the_ceiling_not_the_loader(tmp_path):
+    base = run(tmp_path, STORAGE, workers=16)
+    fast = answer_run(tmp_path / "run", workers=16, gpu_speedup=2.0)
+    assert fast.ceiling_samples_per_s > 1.5 * base.ceiling_samples_per_s
+    # With the step twice as fast, 16 workers asleep 95 ms a batch become the limit.
+    assert fast.predictions[0].limit == LIMIT_WORKERS
+
+
+def test_worker_restart_each_epoch_is_amortised(tmp_path):
+    short = Scenario(num_workers=2, epochs=10, steps_per_epoch=30, startup_s=0.3, warmup_steps=0, wait_s=0.0005,
+                     compute_s=0.010, fetch_wall_s=0.015, fetch_cpu_s=0.002)
+    w = run(tmp_path, short)
+    restart = w.predictions[0]
+    keep = answer_run(tmp_path / "run", persistent=True).predictions[0]
+    assert not restart.persistent_workers and keep.persistent_workers
+    # 30 batches of ~15 ms steady work against ~0.3 s of start-up every epoch.
+    assert keep.samples_per_s > 1.5 * restart.samples_per_s
+    assert restart.samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
+
+
+def test_diagnosis_carries_the_block_and_json(tmp_path):
+    d = analyze(write_run(tmp_path / "run", STORAGE))
+    data = json.loads(json.dumps(d.to_dict()))["what_if"]
+    assert data["cannot_predict"] is None
+    assert data["best"]["num_workers"] > 2
+    assert data["ceiling_samples_per_s"] > data["best"]["samples_per_s"] * 0.9
+    # The storage finding's fix is among the predictions.
+    assert any(p["why"] == "the fix of storage_latency" for p in data["predictions"])
+
+
+@pytest.mark.parametrize("scenario, reason", [
+    (Scenario(steps_per_epoch=25), "too few steps"),
+    (Scenario(with_loader=False), "never iterated a DataLoader"),
+    (dataclasses.replace(CPU_BOUND, fetch_cpu_s=None), "CPU readings"),
+    (dataclasses.replace(STORAGE, fetch_cpu_s=None), "no CPU readings of the workers"),
+])
+def test_cannot_predict_says_why(tmp_path, scenario, reason):
+    w = run(tmp_path, scenario)
+    assert w.cannot_predict is not None and reason in w.cannot_predict
+    assert w.predictions == [] and w.best is None
+    assert analyze(tmp_path / "run").to_dict()["what_if"] == {"cannot_predict": w.cannot_predict}
