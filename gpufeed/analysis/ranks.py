@@ -28,7 +28,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.findings import Finding, severity_for
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute, pick_training
 from gpufeed.record import schema
 from gpufeed.record.merge import PID_STRIDE
 from gpufeed.record.reader import RunRecord
@@ -111,12 +111,8 @@ def job_metrics(record: RunRecord, loaders: list[LoaderSummary]) -> tuple[Metric
 
 
 def training_loaders(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
-    """Each process's most-iterated loader, for the processes that took steps."""
-    best: dict[int, LoaderSummary] = {}
-    for s in loaders:
-        if s.steps and (s.pid not in best or s.steps > best[s.pid].steps):
-            best[s.pid] = s
-    return list(best.values())
+    """Each process's training loader, for the processes that took steps (``metrics.pick_training``)."""
+    return pick_training(loaders)
 
 
 def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: LoaderSummary) -> _Rank:
@@ -160,7 +156,7 @@ def _step_times(record: RunRecord, loader: LoaderSummary, m: Metrics) -> np.ndar
         return np.empty(0)
     out = []
     for it in record.iterators:
-        if it.key == (loader.pid, loader.loader_id) and len(it.steps) > 1:
+        if loader.owns(it) and len(it.steps) > 1:
             req = it.steps[:, 1]
             inside = (req[:-1] >= m.window_start_t) & (req[:-1] <= m.window_end_t)
             out.append(np.diff(req)[inside])
@@ -228,7 +224,7 @@ def _job_samples_per_s(record: RunRecord, ranks: list[_Rank]) -> float | None:
     samples = 0.0
     for r in measured:
         for it in record.iterators:
-            if it.key == (r.loader.pid, r.loader.loader_id) and len(it.steps):
+            if r.loader.owns(it) and len(it.steps):
                 s = it.steps
                 inside = (s[:, 1] >= t0) & (s[:, 2] <= t1)
                 samples += float(np.nansum(s[inside, 3]))

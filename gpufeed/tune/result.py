@@ -108,6 +108,7 @@ class TuneResult:
     budget_s: float | None
     elapsed_s: float
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
+    target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
 
     @property
     def speedup(self) -> float | None:
@@ -134,7 +135,8 @@ class TuneResult:
 
     def config_file(self) -> dict[str, Any]:
         """What ``gpufeed run --config`` reads: the winner's settings for the loader built at ``site``."""
-        return {"format": CONFIG_FORMAT, "site": self.site, "settings": self.best.settings.to_dict(),
+        which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
+        return {"format": CONFIG_FORMAT, "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command}
 
 
