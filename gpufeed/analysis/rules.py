@@ -111,13 +111,20 @@ def change(ctx: Context, **settings) -> str:
         args = ", ".join(f"{HF_ARGUMENTS[k]}={v!r}" for k, v in settings.items() if k in HF_ARGUMENTS)
         return f"TrainingArguments({args}) (the Trainer builds the DataLoader{f'; trainer at {user}' if user else ''})"
     args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-    if site is not None and user is not None and site != user:
-        who = {"accelerate": "accelerator.prepare() rebuilds the DataLoader you give it",
-               "lightning": "Lightning builds it"}.get(framework, f"{framework or 'a library'} builds it")
-        return f"DataLoader(..., {args}) in the code at {user} ({who}, at {site})"
     hook = config.get("user_function")
+    in_hook = f" (in {hook}())" if hook in LIGHTNING_HOOKS else ""
+    origin = config.get("origin_site")
+    if origin is not None and origin != site:
+        # A framework rebuilt the user's loader (Lightning, accelerate.prepare): change theirs.
+        return f"DataLoader(..., {args}) at {origin}{in_hook}"
+    if framework == "lightning" and user is not None:
+        # Lightning wraps DataLoader.__init__ while its hooks run: the user's call is the first frame of theirs.
+        return f"DataLoader(..., {args}) at {user}{in_hook}"
+    if site is not None and user is not None and site != user:
+        who = f"{framework or 'a library'} builds it"
+        return f"DataLoader(..., {args}) in the code at {user} ({who}, at {site})"
     where = f" at {site}" if site else ""
-    return f"DataLoader(..., {args}){where}" + (f" (in {hook}())" if hook in LIGHTNING_HOOKS else "")
+    return f"DataLoader(..., {args}){where}{in_hook}"
 
 
 # -- the rules ---------------------------------------------------------------------------------------

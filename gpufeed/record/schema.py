@@ -101,6 +101,7 @@ class LoaderConfig:
     user_stack: tuple[str, ...] = ()   # the user's own frames above that call, file:line, innermost first
     user_function: str | None = None   # the function of the first of them (train_dataloader, main...)
     framework: str | None = None       # transformers, lightning, keras, timm, accelerate: built the loader
+    origin_site: str | None = None     # the user's own DataLoader(...) call this loader was rebuilt from
 
     @property
     def user_site(self) -> str | None:

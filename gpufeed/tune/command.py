@@ -171,16 +171,17 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
 
 
 def training_target(training: LoaderSummary, loaders: list[LoaderSummary]) -> Overrides:
-    """Where the settings go: the training loader's site, and, when another loader is built at that
-    same line (a framework builds train and eval loaders in one place; a script's helper does), the
-    user's stack that leads to it, or else its role."""
+    """Where the settings go: the training loader's site, never a loader built there as an
+    evaluation one (a framework builds train and eval loaders at one line, and the run measured
+    may end before the first evaluation); and when another loader was seen built at that same line
+    (a script's helper builds both), the user's stack that leads to the training one."""
     site = training.config.get("site")
+    if site is None:
+        return Overrides(LoaderSettings())
     stack = tuple(training.config.get("user_stack") or ())
     others = [s for s in loaders if s is not training and s.pid == training.pid and s.config.get("site") == site]
-    if site is None or not others:
-        return Overrides(LoaderSettings(), site)
-    if stack and all(tuple(s.config.get("user_stack") or ()) != stack for s in others):
-        return Overrides(LoaderSettings(), site, stack=stack)
+    if stack and others and all(tuple(s.config.get("user_stack") or ()) != stack for s in others):
+        return Overrides(LoaderSettings(), site, stack=stack, role=schema.ROLE_TRAIN)
     return Overrides(LoaderSettings(), site, role=schema.ROLE_TRAIN)
 
 

@@ -71,3 +71,56 @@ def finding(diag: dict, finding_id: str) -> dict:
     found = [f for f in diag["findings"] if f["id"] == finding_id]
     assert found, f"no {finding_id} among {[f['id'] for f in diag['findings']]}"
     return found[0]
+
+
+def tune_then_one_trial(tmp_path: Path, command: list[str], budget_s: int, workers: int) -> tuple[dict, list[dict]]:
+    """``gpufeed tune`` with a short budget, then, from its baseline, one more trial with ``workers``
+    DataLoader workers (a short budget may end before the search tries any): best-config.json and
+    the iterator and override events of every trial run."""
+    from gpufeed.analysis import analyze
+    from gpufeed.measure.inside.overrides import LoaderSettings
+    from gpufeed.tune.command import CommandTrials, TuneOptions
+    from gpufeed.tune.result import OK, TrialRun
+
+    out = tmp_path / "tune"
+    result = gpufeed(["tune", "--out", str(out), "--budget", str(budget_s), "--trial-seconds", "1.5", "--warmup", "5",
+                      "--max-workers", str(workers), "--", *command],
+                     cwd=tmp_path, env=run_env(tmp_path / "own.jsonl"), timeout=400)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = json.loads((out / "best-config.json").read_text())
+
+    trials = CommandTrials(TuneOptions(command=command, out=out, seconds=1.5, warmup_steps=5))
+    trials.count = 90
+    baseline = out / "trials" / "00-yours"
+    trials.learn_from_baseline(TrialRun(OK, 1.0, 0.0, "trials/00-yours", diagnosis=analyze(baseline)))
+    previous, cwd = dict(os.environ), os.getcwd()
+    os.environ.update(run_env(tmp_path / "own.jsonl"))
+    os.chdir(tmp_path)  # where the command ran under gpufeed tune
+    try:
+        run = trials(LoaderSettings(num_workers=workers, prefetch_factor=2, persistent_workers=False,
+                                    pin_memory=False), "the test's own trial")
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(previous)
+    assert run.status == OK, run.reason
+    runs = []
+    for trial in sorted((out / "trials").iterdir()):
+        events = [json.loads(line) for path in (trial / "events").glob("*.jsonl") for line in path.read_text().splitlines()]
+        runs.append({"name": trial.name, "iterators": [ev for ev in events if ev["kind"] == "iterator"],
+                     "overrides": [ev for ev in events if ev["kind"] == "override"]})
+    return config, runs
+
+
+def assert_training_loader_only(runs: list[dict], workers: int) -> None:
+    """Every trial left the evaluation loaders as the script built them (num_workers=0), and the
+    test's own trial gave the training loader ``workers`` workers."""
+    for run in runs:
+        evaluation = {ev["config"]["num_workers"] for ev in run["iterators"] if ev["role"] == "eval"}
+        assert evaluation <= {0}, run["name"]
+        if run["name"].startswith("00-"):
+            assert not run["overrides"], "the baseline is the script as it is"
+    own = runs[-1]
+    assert own["name"].startswith("90-")
+    assert {ev["config"]["num_workers"] for ev in own["iterators"] if ev["role"] == "train"} == {workers}
+    assert any(ev["role"] == "eval" for ev in own["iterators"]), "no evaluation loader ran: nothing to leave alone"

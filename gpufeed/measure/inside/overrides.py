@@ -256,9 +256,10 @@ def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., Non
     def __init__(self, *args, **kwargs):
         frame = sys._getframe(1)
         site = call_site(skip, frame)
-        user = roles.user_code(frame, skip, portable_path)
+        user = roles.user_code(frame, skip, portable_path, self)
         found = roles.role_from_stack(frame)
-        built_as = found[0] if found else None
+        built_as = found[0] if found else user.pop("origin_built_as", None)
+        user.pop("origin_built_as", None)
         if overrides is not None and overrides.matches(site, user["user_stack"], built_as):
             bound = signature.bind(self, *args, **kwargs)
             given = {k: v for k, v in bound.arguments.items() if k != "self"}
@@ -271,7 +272,7 @@ def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., Non
         init(self, *args, **kwargs)
         # DataLoader refuses only a few attributes after __init__; not these.
         self._gpufeed_site = site
-        self._gpufeed_built = dict(user, built_as=built_as)
+        self._gpufeed_built = dict(user, built_as=built_as, site=site)
 
     __init__._gpufeed_original = init
     __init__.__wrapped__ = init

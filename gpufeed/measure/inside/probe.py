@@ -428,6 +428,7 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "user_stack": built.get("user_stack") or [],
         "user_function": built.get("user_function"),
         "framework": built.get("framework"),
+        "origin_site": built.get("origin_site"),
     }
 
 

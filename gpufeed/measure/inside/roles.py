@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from types import FrameType
+from typing import Callable
 
 TRAIN = "train"
 EVAL = "eval"
@@ -115,12 +116,15 @@ def iterator_role(frame: FrameType | None, built_as: str | None) -> tuple[str, s
     return TRAIN, "iterated with gradients on"
 
 
-def user_code(frame: FrameType | None, skip: tuple[str, ...], short: callable) -> dict:
+def user_code(frame: FrameType | None, skip: tuple[str, ...], short: Callable[[str], str], this: object) -> dict:
     """Where the user's own code builds a loader: the user's frames (``file:line``, innermost first),
-    the function of the first, and the framework between it and the ``DataLoader(...)`` call."""
+    the function of the first, the framework between it and the ``DataLoader(...)`` call, and the
+    loader it was made from when a framework rebuilds one the user built (Lightning re-creates the
+    loader ``train_dataloader()`` returns, accelerate the one given to ``prepare()``)."""
     stack: list[str] = []
     function = None
     packages: list[str] = []
+    origin = None
     while frame is not None and len(stack) < MAX_USER_FRAMES:
         filename = frame.f_code.co_filename
         if is_user_file(filename, skip):
@@ -131,6 +135,29 @@ def user_code(frame: FrameType | None, skip: tuple[str, ...], short: callable) -
             package = FRAMEWORKS.get(package_of(filename) or "")
             if package is not None:
                 packages.append(package)
+                origin = origin or _loader_in(frame, this)
         frame = frame.f_back
     framework = next((f for f in FRAMEWORK_PRIORITY if f in packages), None)
-    return {"user_stack": stack, "user_function": function, "framework": framework}
+    built = {"user_stack": stack, "user_function": function, "framework": framework, "origin_site": None}
+    if origin is not None:
+        site, first = origin.get("site"), (origin.get("user_stack") or [None])[0]
+        # The user's own DataLoader(...) call, when theirs: where they change its settings.
+        built["origin_site"] = site if site is not None and site == first else origin.get("origin_site")
+        built["user_function"] = origin.get("user_function") or function
+        built["origin_built_as"] = origin.get("built_as")
+    return built
+
+
+def _loader_in(frame: FrameType, this: object) -> dict | None:
+    """What gpufeed noted of another DataLoader among a framework frame's local variables."""
+    try:
+        values = list(frame.f_locals.values())
+    except Exception:
+        return None
+    for value in values:
+        if value is this:
+            continue
+        noted = getattr(value, "__dict__", {}).get("_gpufeed_built") if hasattr(value, "__dict__") else None
+        if isinstance(noted, dict):
+            return noted
+    return None

@@ -6,23 +6,10 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from own_count import OwnCount
-
-
-class Slow(Dataset):
-    """Samples that take a little while to read (sleep: storage latency, not CPU)."""
-
-    def __init__(self, n: int, read_ms: float) -> None:
-        self.n, self.read_s = n, read_ms / 1000.0
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        time.sleep(self.read_s)
-        return torch.full((16,), float(i % 7)), i % 3
+from slow_data import Slow
 
 
 def main() -> None:
