@@ -230,7 +230,7 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     m.steps, m.warmup_steps = len(measured), warmup
     # Evaluation passes that paused training are not training time (validation never enters the
     # training step's numbers): out of the window's length, and out of the step they interrupted.
-    pauses = _evaluation_pauses(record, its, t0, t1)
+    pauses = evaluation_pauses(record, its, t0, t1)
     m.eval_s = sum(b - a for a, b in pauses) if pauses else None
     m.wall_s = t1 - t0 - (m.eval_s or 0.0)
     paused = sum(np.clip(np.minimum(measured[:, 3], b) - np.maximum(measured[:, 1], a), 0, None) for a, b in pauses)
@@ -253,7 +253,7 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     return t0, t1
 
 
-def _evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t1: float) -> list[tuple[float, float]]:
+def evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t1: float) -> list[tuple[float, float]]:
     """Spans inside [t0, t1] where the training process ran an evaluation loader (from its iterator's
     creation to its last batch) and the training loader took no batch: evaluation passes. An
     evaluation loader interleaved with training steps pauses nothing."""
@@ -266,6 +266,11 @@ def _evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, 
         k = int(np.searchsorted(requests, a, side="right"))
         if b > a and not (k < len(requests) and requests[k] < b):
             spans.append((a, b))
+    return merge_spans(spans)
+
+
+def merge_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of time spans, as disjoint spans in time order."""
     merged: list[tuple[float, float]] = []
     for a, b in sorted(spans):
         if merged and a <= merged[-1][1]:
