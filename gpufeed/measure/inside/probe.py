@@ -55,6 +55,9 @@ MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the olde
 MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
 
 _clock = time.perf_counter
+# One id per DataLoader object, kept on the object: never reused after garbage collection (a loader
+# built anew each epoch gets a new id every time), nor by a later probe in the same process.
+_loader_ids = itertools.count()
 
 
 def count_samples(batch: Any, depth: int = 0) -> int | None:
@@ -122,9 +125,6 @@ class Probe:
         self.pending: tuple[float, _IteratorState] | None = None
         self.stall_reported = False
         self._iter_ids = itertools.count()
-        # One id per DataLoader object for the whole run, kept on the object: never reused after
-        # garbage collection (a loader built anew each epoch gets a new id every time).
-        self._loader_ids = itertools.count()
         self._pid = -1
         self._start_in_this_process()
 
@@ -227,7 +227,7 @@ class Probe:
         self.ensure_this_process()
         loader_id = getattr(loader, "_gpufeed_loader_id", None)
         if loader_id is None:
-            loader_id = next(self._loader_ids)
+            loader_id = next(_loader_ids)
             try:
                 loader._gpufeed_loader_id = loader_id
             except Exception:
