@@ -97,9 +97,13 @@ def keras_wrapped(config: dict) -> bool:
 
 
 def change(ctx: Context, **settings) -> str:
+    """The DataLoader change for the run's training loader (``change_in``)."""
+    return change_in(ctx.training.config if ctx.training is not None else {}, **settings)
+
+
+def change_in(config: dict, **settings) -> str:
     """The DataLoader change, written where the user makes it: their own ``DataLoader(...)`` call
     with its file:line, or the knob of the framework that builds the loader for them."""
-    config = ctx.training.config if ctx.training is not None else {}
     framework, site = config.get("framework"), config.get("site")
     user = (config.get("user_stack") or [None])[0]
     if keras_wrapped(config):

@@ -63,6 +63,7 @@ class CommandTrials:
         self.on_start = on_start
         self.site: str | None = None
         self.target: Overrides = Overrides(LoaderSettings())  # which loader the settings go to
+        self.training_config: dict | None = None
         self.baseline: LoaderSettings | None = None
         self.distributed_steps: int | None = None  # torchrun: every rank must stop at the same step
         self.count = 0
@@ -118,7 +119,7 @@ class CommandTrials:
                              "workers would each yield the whole dataset again, so gpufeed does not try them. Tune "
                              "Keras's own pipeline (PyDataset(workers=..., use_multiprocessing=True), or tf.data's "
                              "num_parallel_calls and prefetch).")
-        self.site = config.get("site")
+        self.site, self.training_config = config.get("site"), config
         self.target = training_target(training, diagnosis.loaders)
         ranks = _world_size(Path(diagnosis.run_dir))
         if ranks and ranks > 1 and diagnosis.metrics.steps:
@@ -164,7 +165,7 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
     search = Search(measure, baseline, cpu_count or os.cpu_count() or 1, budget_s=options.budget_s,
                     max_workers=options.max_workers, on_trial=on_trial)
     result = search.run(command=options.command, site=trials.site)
-    result.target = trials.target
+    result.target, result.training_config = trials.target, trials.training_config
     result.elapsed_s = time.monotonic() - t0
     save(result, options.out)
     return result

@@ -109,6 +109,7 @@ class TuneResult:
     elapsed_s: float
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
     target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
+    training_config: dict | None = None  # the training loader's config in the first run (for the advice)
 
     @property
     def speedup(self) -> float | None:
@@ -151,10 +152,11 @@ def dataloader_kwargs(settings: LoaderSettings) -> dict[str, Any]:
     return kwargs
 
 
-def paste_line(settings: LoaderSettings) -> str:
-    """``DataLoader(..., num_workers=8, prefetch_factor=4)`` and, for a thread cap, how to get it."""
-    args = ", ".join(f"{k}={v!r}" for k, v in dataloader_kwargs(settings).items())
-    line = f"DataLoader(..., {args})"
+def paste_line(settings: LoaderSettings, training_config: dict | None = None) -> str:
+    """``DataLoader(..., num_workers=8, prefetch_factor=4) at train.py:42`` (or the knob of the
+    framework that builds the training loader) and, for a thread cap, how to get it."""
+    from gpufeed.analysis.rules import change_in
+    line = change_in(training_config or {}, **dataloader_kwargs(settings))
     if settings.worker_threads is not None and settings.num_workers:
         line += (f"  # and in worker_init_fn: torch.set_num_threads({settings.worker_threads}) "
                  "(and cv2.setNumThreads / OMP_NUM_THREADS for other thread pools)")
