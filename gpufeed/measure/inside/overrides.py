@@ -293,7 +293,7 @@ class _Applied:
 
     def note(self, site: str | None, refused: dict[str, str]) -> None:
         self.count += 1
-        if self.say and self.count == 1:
+        if self.say and self.count == 1 and _lead_process():
             not_applied = "".join(f"; {k} not applied: {why}" for k, why in refused.items())
             sys.stderr.write(f"gpufeed: applied {self.overrides.settings.label()} to the DataLoader built at "
                              f"{site}{not_applied}\n")
