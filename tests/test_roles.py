@@ -83,3 +83,25 @@ def test_site_names_travel(tmp_path, monkeypatch):
     assert portable_path(str(tmp_path / "train.py")) == "train.py"
     assert roles.package_of(str(packages / "transformers" / "trainer.py")) == "transformers"
     assert roles.package_of(str(tmp_path / "train.py")) is None
+
+
+def summary(site, stack, role, steps, pid=1):
+    from gpufeed.analysis.metrics import LoaderSummary
+    return LoaderSummary(pid=pid, loader_id=0, config={"site": site, "user_stack": list(stack)}, iterators=1,
+                         steps=steps, samples=steps, data_wait_s=0.0, startup_s=0.0, worker_pids=[],
+                         training=role == roles.TRAIN, role=role)
+
+
+def test_tune_targets_the_training_loader_by_its_stack_when_a_helper_builds_both():
+    from gpufeed.tune.command import training_target
+    # make_loader() at helpers.py:3 builds both; train.py:10 and train.py:11 call it.
+    train = summary("helpers.py:3", ["helpers.py:3", "train.py:10"], roles.TRAIN, 100)
+    val = summary("helpers.py:3", ["helpers.py:3", "train.py:11"], roles.EVAL, 10)
+    target = training_target(train, [train, val])
+    assert target.site == "helpers.py:3" and target.stack == ("helpers.py:3", "train.py:10")
+    assert target.role == roles.TRAIN
+    # One line and one stack for both (a framework's): the role alone tells them apart.
+    hf_train = summary("accelerate/data_loader.py:441", ["train.py:60"], roles.TRAIN, 100)
+    hf_eval = summary("accelerate/data_loader.py:441", ["train.py:60"], roles.EVAL, 10)
+    target = training_target(hf_train, [hf_train, hf_eval])
+    assert target.stack is None and target.role == roles.TRAIN
