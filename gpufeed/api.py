@@ -17,6 +17,7 @@ from typing import Iterator
 from gpufeed import thresholds as th
 from gpufeed.analysis import Diagnosis, Finding, Metrics
 from gpufeed.analysis import analyze as _analyze
+from gpufeed.measure.inside import overrides
 from gpufeed.measure.inside.probe import Probe, active_probe, patch_torch, unpatch_torch
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.runner import default_run_dir, finish_record, start_record
@@ -68,6 +69,7 @@ class Profiler:
         meta = start_record(self.run_dir, [sys.executable] + sys.argv, None, self.warmup_steps)
         probe = Probe(str(self.run_dir))
         patch_torch(probe)
+        overrides.patch_dataloader_init(None, report=probe.event)  # where each loader is built, as under diagnose
         sampler = Sampler(self.run_dir, os.getpid(), interval_s=self.interval_s)
         sampler.start()
         self._running = (meta, probe, sampler)

@@ -312,7 +312,7 @@ def _write_report(directory: Path, report: Path | bool | None, console: Console)
 def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
     from gpufeed.present.tune_view import TrialProgress, render_tune
     from gpufeed.tune import BaselineFailed, NoDataLoader, TuneOptions, tune_command
-    from gpufeed.tune.command import TUNE_FILE
+    from gpufeed.tune.command import TUNE_FILE, NotTunable
 
     out = _result_dir(args.out, "tune", command, TUNE_FILE)
     if out is None:
@@ -324,7 +324,7 @@ def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int
     try:
         with TrialProgress(console, args.trial_seconds, args.warmup) as progress:
             result = tune_command(options, on_trial=progress.finished, on_start=progress.started)
-    except NoDataLoader as error:
+    except (NoDataLoader, NotTunable) as error:
         _error(str(error))
         return EXIT_NOTHING_TO_TUNE
     except BaselineFailed as error:
@@ -419,8 +419,8 @@ def _run(command: list[str], args: argparse.Namespace) -> int:
         _error(f"{error}.")
         return EXIT_USAGE
     env = bootstrap_env({**os.environ, overrides.ENV_OVERRIDES: config.to_json()})
-    where = f" to the DataLoader built at {config.site}" if config.site else " to every DataLoader"
-    _error_free_note(f"applying {config.settings.label()}{where}")
+    _error_free_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
+                     "applied, or at the end when no DataLoader matched)")
     try:
         os.execvpe(command[0], command, env)
     except OSError as error:

@@ -21,9 +21,10 @@ TARGET = WORKLOADS / "tune_target.py"
 
 
 def train_site() -> str:
-    """Where tune_target.py builds its training loader, as gpufeed names it from another directory."""
+    """Where tune_target.py builds its training loader, as gpufeed names it from another directory:
+    relative to the script's own folder (the first entry of its sys.path), so the name travels."""
     line = next(i for i, text in enumerate(TARGET.read_text().splitlines(), 1) if "train = DataLoader(" in text)
-    return f"{TARGET}:{line}"
+    return f"{TARGET.name}:{line}"
 
 
 def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expect_exit: int = cli.EXIT_OK):
@@ -78,6 +79,23 @@ def test_run_config_applies_settings_to_the_training_loader_only(tmp_path):
     assert loaders["train"] == {"num_workers": 3, "prefetch_factor": 4, "persistent_workers": True}
     assert loaders["val"] == {"num_workers": 0}
     assert not list(tmp_path.glob("gpufeed-runs"))  # run measures nothing and writes nothing
+    assert f"gpufeed: applied w3 p4 to the DataLoader built at {train_site()}" in result.stderr
+    assert "NOT applied" not in result.stderr
+
+
+def test_run_config_says_when_it_applied_nothing(tmp_path):
+    """A config whose site no loader is built at (the script changed, say): the run goes on, unchanged,
+    and gpufeed says at the end that the settings did nothing, and where the loaders were built."""
+    config = tmp_path / "best.json"
+    config.write_text(json.dumps({"site": "tune_target.py:1", "settings": {"num_workers": 3}}))
+    seen = tmp_path / "seen.json"
+    result = gpufeed(["run", "--config", str(config), "--", sys.executable, str(TARGET), "--epochs", "1",
+                      "--report", str(seen)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(seen.read_text())["train"]["num_workers"] == 1  # the script's own setting
+    assert "gpufeed: the settings were NOT applied: no DataLoader matched the DataLoader built at tune_target.py:1" \
+        in result.stderr
+    assert train_site() in result.stderr.split("NOT applied")[1]
 
 
 def test_run_config_exit_code_is_the_commands(tmp_path):

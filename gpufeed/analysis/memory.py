@@ -126,7 +126,7 @@ def training_growth(ctx) -> Growth | None:
     t = ctx.training
     if t is None:
         return None
-    its = [it for it in ctx.record.iterators if it.key == (t.pid, t.loader_id) and len(it.steps)]
+    its = [it for it in ctx.record.iterators if t.owns(it) and len(it.steps)]
     if not its:
         return None
     steps = np.concatenate([it.steps for it in its])

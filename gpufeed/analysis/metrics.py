@@ -16,6 +16,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
+from gpufeed.record import schema
 from gpufeed.record.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord
 
@@ -35,7 +36,19 @@ class LoaderSummary:
     data_wait_s: float
     startup_s: float              # sum over iterators: creation to first batch
     worker_pids: list[int]
-    training: bool                # the loader the training loop iterated most
+    training: bool                # the process's training loader (see ``pick_training``)
+    role: str | None = None       # "train" or "eval" as the probe saw it; None in older records
+    role_why: str | None = None   # the evidence for the role
+    loader_ids: list[int] = field(default_factory=list)  # its DataLoader objects: several when rebuilt at one site
+    iter_ids: list[int] = field(default_factory=list)
+
+    @property
+    def rebuilt(self) -> int:
+        """How many DataLoader objects were built at this site for this role (1: built once)."""
+        return len(self.loader_ids)
+
+    def owns(self, it: IteratorRecord) -> bool:
+        return it.pid == self.pid and it.iter_id in self.iter_ids
 
 
 @dataclass
@@ -43,7 +56,8 @@ class Metrics:
     """Everything the analysis measured. ``None`` means not measurable in this run (N/A)."""
 
     # the window
-    wall_s: float | None = None
+    wall_s: float | None = None               # training time: the window less its evaluation passes
+    eval_s: float | None = None               # evaluation passes inside the window, left out of wall_s
     window_start_t: float | None = None       # the window on the record's clock (seconds)
     window_end_t: float | None = None
     steps: int = 0
@@ -136,22 +150,38 @@ def _mean(values: np.ndarray) -> float | None:
 
 
 def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
-    groups: dict[tuple[int, int], list[IteratorRecord]] = {}
+    """One summary per loader of each process: the DataLoader objects built at one site (``file:line``)
+    for one role are one loader, built once or anew every epoch; without a site, one object."""
+    groups: dict[tuple, list[IteratorRecord]] = {}
     for it in record.iterators:
-        groups.setdefault(it.key, []).append(it)
+        where = ("site", it.config.site) if it.config.site is not None else ("loader", it.loader_id)
+        groups.setdefault((it.pid, where, it.role), []).append(it)
     summaries = []
-    for (pid, loader_id), its in groups.items():
+    for (pid, _where, role), its in groups.items():
         steps = np.concatenate([it.steps for it in its]) if its else np.empty((0, 5))
         summaries.append(LoaderSummary(
-            pid=pid, loader_id=loader_id, config=asdict(its[0].config), iterators=len(its),
+            pid=pid, loader_id=its[0].loader_id, config=asdict(its[0].config), iterators=len(its),
             steps=len(steps), samples=int(np.nansum(steps[:, 3])) if len(steps) else 0,
             data_wait_s=float((steps[:, 2] - steps[:, 1]).sum()) if len(steps) else 0.0,
             startup_s=sum(_startup_s(it) or 0.0 for it in its),
             worker_pids=sorted({p for it in its for p in it.worker_pids}), training=False,
+            role=role, role_why=its[-1].role_why, loader_ids=sorted({it.loader_id for it in its}),
+            iter_ids=[it.iter_id for it in its],
         ))
-    if summaries:
-        max(summaries, key=lambda s: s.steps).training = True
+    for training in pick_training(summaries):
+        training.training = True
     return summaries
+
+
+def pick_training(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
+    """Each process's training loader: the one its loop iterated most among those the probe saw
+    train (validation, evaluation and sanity-check loaders never count); a process that iterated
+    only evaluation loaders is measured by its most iterated one."""
+    best: dict[int, LoaderSummary] = {}
+    for s in sorted(loaders, key=lambda s: (s.role == schema.ROLE_EVAL, -s.steps)):
+        if s.steps and s.pid not in best:
+            best[s.pid] = s
+    return list(best.values())
 
 
 def _startup_s(it: IteratorRecord) -> float | None:
@@ -167,7 +197,7 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
         training = next((s for s in loaders if s.training), None)
     window = None
     if training is not None and training.steps:
-        its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
+        its = [it for it in record.iterators if training.owns(it)]
         window = _step_metrics(m, record, its)
         _loader_metrics(m, record, training, its, window)
         if window is not None:
@@ -205,22 +235,56 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
         measured = measured[(measured[:, 0] >= t0) & (measured[:, 0] < t1)]
         warmup = int((steps[:, 0] < t0).sum())
     m.steps, m.warmup_steps = len(measured), warmup
-    m.wall_s = t1 - t0
+    # Evaluation passes that paused training are not training time (validation never enters the
+    # training step's numbers): out of the window's length, and out of the step they interrupted.
+    pauses = evaluation_pauses(record, its, t0, t1)
+    m.eval_s = sum(b - a for a, b in pauses) if pauses else None
+    m.wall_s = t1 - t0 - (m.eval_s or 0.0)
+    paused = sum(np.clip(np.minimum(measured[:, 3], b) - np.maximum(measured[:, 1], a), 0, None) for a, b in pauses)
     wait = measured[:, 1] - measured[:, 0]
-    step = measured[:, 3] - measured[:, 0]
-    compute = measured[:, 3] - measured[:, 1]
+    step = measured[:, 3] - measured[:, 0] - paused
+    compute = measured[:, 3] - measured[:, 1] - paused
     m.step_time_p50_ms, m.step_time_p90_ms = (_ms(_pct(step, q)) for q in (50, 90))
     m.data_wait_p50_ms, m.data_wait_p90_ms = (_ms(_pct(wait, q)) for q in (50, 90))
     m.compute_p50_ms = _ms(_pct(compute, 50))
-    # Every data wait of the training process counts (validation loaders too): the GPU idles either way.
+    # Every data wait of the training process but its evaluation loaders' counts (a second
+    # training loader too): the GPU idles either way.
     all_wait = sum(float(np.clip(np.minimum(it.steps[:, 2], t1) - np.maximum(it.steps[:, 1], t0), 0, None).sum())
-                   for it in record.iterators if it.pid == its[0].pid and len(it.steps))
+                   for it in record.iterators
+                   if it.pid == its[0].pid and it.role != schema.ROLE_EVAL and len(it.steps))
     m.data_wait_share = all_wait / m.wall_s if m.wall_s > 0 else None
     # Samples delivered in the window (the first measured step's batch was requested at t0).
     m.samples = int(np.nansum(measured[:, 2]))
     if m.wall_s > 0:
         m.samples_per_s_consumed = m.samples / m.wall_s
     return t0, t1
+
+
+def evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t1: float) -> list[tuple[float, float]]:
+    """Spans inside [t0, t1] where the training process ran an evaluation loader (from its iterator's
+    creation to its last batch) and the training loader took no batch: evaluation passes. An
+    evaluation loader interleaved with training steps pauses nothing."""
+    requests = np.sort(np.concatenate([it.steps[:, 1] for it in its if len(it.steps)]))
+    spans = []
+    for it in record.iterators:
+        if it.pid != its[0].pid or it.role != schema.ROLE_EVAL or not len(it.steps):
+            continue
+        a, b = max(it.t_created, t0), min(float(it.steps[-1, 2]), t1)
+        k = int(np.searchsorted(requests, a, side="right"))
+        if b > a and not (k < len(requests) and requests[k] < b):
+            spans.append((a, b))
+    return merge_spans(spans)
+
+
+def merge_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of time spans, as disjoint spans in time order."""
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def _whole_epochs(its: list[IteratorRecord], t0: float, t1: float) -> tuple[float, float] | None:
@@ -376,7 +440,7 @@ def _inside_a_fetch(rows: np.ndarray | None, t: float) -> bool:
 
 
 def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], training: Any) -> None:
-    its = [it for it in record.iterators if training is not None and it.key == (training.pid, training.loader_id)]
+    its = [it for it in record.iterators if training is not None and training.owns(it)]
     cuda = np.concatenate([it.cuda for it in its]) if its and any(len(it.cuda) for it in its) else np.empty((0, 5))
     if len(cuda):
         m.cuda_used = True

@@ -29,7 +29,7 @@ import numpy as np
 from gpufeed import thresholds as th
 from gpufeed.analysis.findings import Finding, severity_for
 from gpufeed.analysis.gpus import process_gpus
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute, evaluation_pauses, merge_spans, pick_training
 from gpufeed.record import schema
 from gpufeed.record.merge import PID_STRIDE
 from gpufeed.record.reader import RunRecord
@@ -68,6 +68,8 @@ class RankSummary:
     exit_code_source: str | None  # "launcher" or "process"
     error: str | None             # the uncaught exception it died of, if any
     ended_at_s: float | None      # when it ended, seconds after the run started
+    window_start_t: float | None = None   # its measured window, on the record's clock
+    window_end_t: float | None = None
 
     @property
     def label(self) -> str:
@@ -112,12 +114,8 @@ def job_metrics(record: RunRecord, loaders: list[LoaderSummary]) -> tuple[Metric
 
 
 def training_loaders(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
-    """Each process's most-iterated loader, for the processes that took steps."""
-    best: dict[int, LoaderSummary] = {}
-    for s in loaders:
-        if s.steps and (s.pid not in best or s.steps > best[s.pid].steps):
-            best[s.pid] = s
-    return list(best.values())
+    """Each process's training loader, for the processes that took steps (``metrics.pick_training``)."""
+    return pick_training(loaders)
 
 
 def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: LoaderSummary) -> _Rank:
@@ -143,6 +141,7 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
         exit_code=None, exit_code_source=None, error=ended.get("error"),
         ended_at_s=ended["t"] - record.meta.t_start if "t" in ended else None,
     )
+    summary.window_start_t, summary.window_end_t = m.window_start_t, m.window_end_t
     if reported is not None:
         summary.exit_code, summary.exit_code_source = reported[1], "launcher"
     elif ended.get("exit_code") is not None:
@@ -161,7 +160,7 @@ def _step_times(record: RunRecord, loader: LoaderSummary, m: Metrics) -> np.ndar
         return np.empty(0)
     out = []
     for it in record.iterators:
-        if it.key == (loader.pid, loader.loader_id) and len(it.steps) > 1:
+        if loader.owns(it) and len(it.steps) > 1:
             req = it.steps[:, 1]
             inside = (req[:-1] >= m.window_start_t) & (req[:-1] <= m.window_end_t)
             out.append(np.diff(req)[inside])
@@ -228,13 +227,16 @@ def _job_samples_per_s(record: RunRecord, ranks: list[_Rank]) -> float | None:
     if t1 <= t0:
         return cap if len(measured) == 1 else None
     samples = 0.0
+    pauses = []
     for r in measured:
-        for it in record.iterators:
-            if it.key == (r.loader.pid, r.loader.loader_id) and len(it.steps):
-                s = it.steps
-                inside = (s[:, 1] >= t0) & (s[:, 2] <= t1)
-                samples += float(np.nansum(s[inside, 3]))
-    rate = samples / (t1 - t0)
+        its = [it for it in record.iterators if r.loader.owns(it) and len(it.steps)]
+        for it in its:
+            s = it.steps
+            inside = (s[:, 1] >= t0) & (s[:, 2] <= t1)
+            samples += float(np.nansum(s[inside, 3]))
+        # One rank's evaluation pauses the job: the others wait for it at their next collective.
+        pauses += evaluation_pauses(record, its, t0, t1) if its else []
+    rate = samples / max(t1 - t0 - sum(b - a for a, b in merge_spans(pauses)), 1e-9)
     return min(rate, cap) if cap is not None else rate
 
 

@@ -18,7 +18,7 @@ from gpufeed.record.reader import RunRecord
 class Context:
     record: RunRecord
     metrics: Metrics
-    training: LoaderSummary | None   # the loader the training loop iterated most
+    training: LoaderSummary | None   # the training loader (``metrics.pick_training``)
 
 
 Rule = Callable[[Context], "Finding | None"]
@@ -89,6 +89,53 @@ def _tune_hint() -> str:
     return "(`gpufeed tune` measures it)"
 
 
+# Hugging Face Trainer passes these TrainingArguments to the DataLoaders it builds.
+HF_ARGUMENTS = {"num_workers": "dataloader_num_workers", "prefetch_factor": "dataloader_prefetch_factor",
+                "persistent_workers": "dataloader_persistent_workers", "pin_memory": "dataloader_pin_memory"}
+LIGHTNING_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
+
+
+def keras_wrapped(config: dict) -> bool:
+    """Keras (torch backend) feeds a tf.data pipeline or a PyDataset through
+    ``DataLoader(IterableDataset, batch_size=None)``: each DataLoader worker would yield it all again."""
+    return config.get("framework") == "keras" and bool(config.get("iterable")) and config.get("batch_size") is None
+
+
+def change(ctx: Context, **settings) -> str:
+    """The DataLoader change for the run's training loader (``change_in``)."""
+    return change_in(ctx.training.config if ctx.training is not None else {}, **settings)
+
+
+def change_in(config: dict, **settings) -> str:
+    """The DataLoader change, written where the user makes it: their own ``DataLoader(...)`` call
+    with its file:line, or the knob of the framework that builds the loader for them."""
+    framework, site = config.get("framework"), config.get("site")
+    user = (config.get("user_stack") or [None])[0]
+    if keras_wrapped(config):
+        return ("Keras builds this DataLoader around its own pipeline (tf.data or a PyDataset, as an IterableDataset "
+                "with batch_size=None), so DataLoader workers would each yield the whole dataset again: speed up "
+                "Keras's pipeline instead (PyDataset(workers=..., use_multiprocessing=True), or tf.data's "
+                "map(num_parallel_calls=tf.data.AUTOTUNE) and prefetch(tf.data.AUTOTUNE))")
+    if framework == "transformers":
+        args = ", ".join(f"{HF_ARGUMENTS[k]}={v!r}" for k, v in settings.items() if k in HF_ARGUMENTS)
+        return f"TrainingArguments({args}) (the Trainer builds the DataLoader{f'; trainer at {user}' if user else ''})"
+    args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+    hook = config.get("user_function")
+    in_hook = f" (in {hook}())" if hook in LIGHTNING_HOOKS else ""
+    origin = config.get("origin_site")
+    if origin is not None and origin != site:
+        # A framework rebuilt the user's loader (Lightning, accelerate.prepare): change theirs.
+        return f"DataLoader(..., {args}) at {origin}{in_hook}"
+    if framework == "lightning" and user is not None:
+        # Lightning wraps DataLoader.__init__ while its hooks run: the user's call is the first frame of theirs.
+        return f"DataLoader(..., {args}) at {user}{in_hook}"
+    if site is not None and user is not None and site != user:
+        who = f"{framework or 'a library'} builds it"
+        return f"DataLoader(..., {args}) in the code at {user} ({who}, at {site})"
+    where = f" at {site}" if site else ""
+    return f"DataLoader(..., {args}){where}{in_hook}"
+
+
 # -- the rules ---------------------------------------------------------------------------------------
 def too_few_workers(ctx: Context) -> Finding | None:
     m = ctx.metrics
@@ -102,7 +149,7 @@ def too_few_workers(ctx: Context) -> Finding | None:
         message=(f"{_wait_sentence(m)} while the CPU was only {fmt(m.cpu_util_pct, '.0f')}% busy: the DataLoader has "
                  f"num_workers={m.num_workers} on {_cores(m.cpu_count)} and preparing a batch is CPU work "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms each)."),
-        recommendation=f"DataLoader(..., num_workers={suggested}) {_tune_hint()}.",
+        recommendation=f"{change(ctx, num_workers=suggested)} {_tune_hint()}.",
         evidence={**_wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
                   "cpu_util_pct": m.cpu_util_pct, "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50,
                   "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio, "workers_needed": m.workers_needed},
@@ -144,7 +191,7 @@ def storage_latency(ctx: Context) -> Finding | None:
                  f"and the workers were {fmt(m.worker_asleep_share, '.0%')} asleep while fetching "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."
                  f"{_others_sentence(m)}"),
-        recommendation=(f"DataLoader(..., num_workers={suggested}, prefetch_factor={th.LATENCY_PREFETCH_FACTOR}): "
+        recommendation=(f"{change(ctx, num_workers=suggested, prefetch_factor=th.LATENCY_PREFETCH_FACTOR)}: "
                         f"waiting workers cost little CPU, so more of them than cores pays {_tune_hint()}; "
                         "or move the data to local SSD / cache it."),
         evidence={**_wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
@@ -170,7 +217,7 @@ def too_many_workers(ctx: Context) -> Finding | None:
         id="too_many_workers", severity=severity_for(cost), cost_share=cost,
         message=(f"{m.num_workers} DataLoader workers compete for {_cores(m.cpu_count)} ({fmt(m.cpu_util_pct, '.0f')}% busy): "
                  f"each was on a CPU only {fmt(m.worker_fetch_cpu_ratio, '.0%')} of the time it spent fetching{running}."),
-        recommendation=f"DataLoader(..., num_workers={_worker_cap(m)}) {_tune_hint()}.",
+        recommendation=f"{change(ctx, num_workers=_worker_cap(m))} {_tune_hint()}.",
         evidence={"num_workers": m.num_workers, "cpu_count": m.cpu_count, "cpu_util_pct": m.cpu_util_pct,
                   "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio,
                   "worker_running_share": m.worker_running_share, "data_wait_share": m.data_wait_share,
@@ -209,21 +256,34 @@ def thread_oversubscription(ctx: Context) -> Finding | None:
 
 
 def worker_restart(ctx: Context) -> Finding | None:
+    """Workers started again every epoch: by the loader itself (``persistent_workers=False``), or
+    because the script builds the loader anew each epoch, where ``persistent_workers`` cannot help."""
     m, t = ctx.metrics, ctx.training
-    if (t is None or not m.num_workers or t.config.get("persistent_workers") or m.iterators < 2
+    if (t is None or not m.num_workers or m.iterators < 2
             or m.worker_startup_share is None or m.worker_startup_share < th.WORKER_STARTUP_SHARE_FLAG):
+        return None
+    workers = f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''}"
+    cost = f"{fmt(m.worker_startup_s, '.1f')} s of start-up, {fmt(m.worker_startup_share, '.0%')} of the wall time"
+    evidence = {"iterators": m.iterators, "num_workers": m.num_workers, "worker_startup_s": m.worker_startup_s,
+                "worker_startup_share": m.worker_startup_share, "startup_s_per_epoch": m.worker_startup_s / m.iterators,
+                "loaders_built": t.rebuilt, "site": t.config.get("site")}
+    if t.rebuilt > 1:
+        persistent = (" Its persistent_workers=True cannot help: the loader is thrown away after each epoch."
+                      if t.config.get("persistent_workers") else "")
+        return Finding(
+            id="loader_rebuilt", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
+            message=(f"The training DataLoader built at {t.config.get('site')} was built anew {t.rebuilt} times "
+                     f"(once an epoch), so its {workers} started again each time: {cost}.{persistent}"),
+            recommendation=(f"Build it once, before the epoch loop, with persistent_workers=True: "
+                            f"{change(ctx, persistent_workers=True)}, then iterate that same loader every epoch."),
+            evidence=evidence, thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG})
+    if t.config.get("persistent_workers"):
         return None
     return Finding(
         id="worker_restart", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
-        message=(f"The DataLoader started its {m.num_workers} worker{'s' if m.num_workers > 1 else ''} again "
-                 f"for each of {m.iterators} epochs: "
-                 f"{fmt(m.worker_startup_s, '.1f')} s of start-up, {fmt(m.worker_startup_share, '.0%')} of the wall time."),
-        recommendation="DataLoader(..., persistent_workers=True) keeps the workers alive between epochs.",
-        evidence={"iterators": m.iterators, "num_workers": m.num_workers, "worker_startup_s": m.worker_startup_s,
-                  "worker_startup_share": m.worker_startup_share,
-                  "startup_s_per_epoch": m.worker_startup_s / m.iterators},
-        thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG},
-    )
+        message=f"The DataLoader started its {workers} again for each of {m.iterators} epochs: {cost}.",
+        recommendation=f"{change(ctx, persistent_workers=True)} keeps the workers alive between epochs.",
+        evidence=evidence, thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG})
 
 
 def pageable_transfer(ctx: Context) -> Finding | None:
@@ -235,7 +295,7 @@ def pageable_transfer(ctx: Context) -> Finding | None:
         id="pageable_transfer", severity=severity_for(m.h2d_pageable_share), cost_share=m.h2d_pageable_share,
         message=(f"Copies of batches to the GPU blocked the training loop {fmt(m.h2d_pageable_share, '.0%')} of the time "
                  f"({fmt((m.h2d_bytes_per_step or 0) / 2**20, '.1f')} MiB a step from pageable memory; pin_memory=False)."),
-        recommendation=("DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True): the copy "
+        recommendation=(f"{change(ctx, pin_memory=True)} and batch.to(device, non_blocking=True): the copy "
                         "then overlaps with compute."),
         evidence={"h2d_pageable_share": m.h2d_pageable_share, "h2d_bytes_per_step": m.h2d_bytes_per_step,
                   "pin_memory": False},

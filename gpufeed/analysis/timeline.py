@@ -43,7 +43,7 @@ def _trainers(record: RunRecord) -> list[tuple[dict, np.ndarray]]:
     out = []
     for loader in sorted(training_loaders(loader_summaries(record)), key=lambda s: s.pid):
         pid = loader.pid
-        rows = [it.steps[:, 1:4] for it in record.iterators if it.key == (pid, loader.loader_id) and len(it.steps)]
+        rows = [it.steps[:, 1:4] for it in record.iterators if loader.owns(it) and len(it.steps)]
         steps = np.concatenate(rows)
         proc = next((p for p in record.processes if p.get("pid") == pid), {"pid": pid})
         out.append((proc, steps[np.argsort(steps[:, 0], kind="stable")]))

@@ -150,7 +150,9 @@ class BatchTrials:
         run_dir = o.out / TRIALS_DIR / name
         env = {}
         if batch_size is not None:
-            env[ENV_OVERRIDES] = Overrides(LoaderSettings(batch_size=batch_size), self.site).to_json()
+            # Not a loader built at the same line as an evaluation one (the HF Trainer builds both at one line).
+            env[ENV_OVERRIDES] = Overrides(LoaderSettings(batch_size=batch_size), self.site,
+                                           role=schema.ROLE_TRAIN).to_json()
         if self.on_start is not None:
             self.on_start(batch_size, why, run_dir)
         t0 = time.monotonic()

@@ -22,7 +22,7 @@ def training_steps(record: RunRecord, d: Diagnosis) -> np.ndarray:
     training = next((s for s in d.loaders if s.training), None)
     rows = []
     for it in record.iterators:
-        if training is None or it.key != (training.pid, training.loader_id) or not len(it.steps):
+        if training is None or not training.owns(it) or not len(it.steps):
             continue
         s = it.steps
         rows.append(np.column_stack([s[:, 1], s[:, 2], s[:, 3], np.append(s[1:, 1], np.nan)]))

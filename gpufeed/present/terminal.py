@@ -22,8 +22,14 @@ def numbers_table(d: Diagnosis) -> Table:
     table.add_column(style="bold")
     table.add_column()
     if m.steps:
+        evaluation = f"; {m.eval_s:.1f} s of evaluation left out" if m.eval_s else ""
         table.add_row("Throughput", f"{fmt(m.samples_per_s, ',.0f')} samples/s over {m.steps} steps "
-                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps)")
+                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps{evaluation})")
+        training = next((s for s in d.loaders if s.training), None)
+        if training is not None and training.config.get("site"):
+            built = f", built {training.rebuilt} times" if training.rebuilt > 1 else ""
+            table.add_row("Training", f"the DataLoader at {training.config['site']}{built} · "
+                                      f"{training.role_why or 'iterated most'}")
         table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
                                    f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
                                    f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")

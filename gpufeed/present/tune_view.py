@@ -103,8 +103,7 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
     if best is result.baseline or (best.settings == result.baseline.settings):
         console.print("Your configuration is already the fastest measured (within the noise).")
     else:
-        console.print(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings),
-                                    f"  at {result.site}" if result.site else ""))
+        console.print(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings, result.training_config)))
     notes = [f"ties: throughputs within {result.noise:.0%} of each other (the measured run-to-run spread) "
              "count as equal; the cheapest of them wins"]
     if result.stopped == "budget":

@@ -38,6 +38,8 @@ class IteratorRecord:
     steps: np.ndarray     # (n, 5): schema.STEP_COLUMNS
     cuda: np.ndarray      # (m, 5): schema.CUDA_COLUMNS; mem columns NaN where not sampled
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
+    role: str | None = None           # schema.ROLE_TRAIN / ROLE_EVAL; None in records older than roles
+    role_why: str | None = None       # the evidence for the role, in words
 
     @property
     def key(self) -> tuple[int, int]:
@@ -244,6 +246,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             config=schema.LoaderConfig.from_dict(ev.get("config", {})),
             steps=steps, cuda=_rows(cuda_rows.get(key, []), len(schema.CUDA_COLUMNS)),
             epoch_starts=sorted(epochs.get(key, [])),
+            role=ev.get("role"), role_why=ev.get("role_why"),
         ))
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
                                  rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))

@@ -20,7 +20,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 
 ``process``   pid, ppid, argv, rank, local_rank, world_size (from torchrun's RANK etc., else
               SLURM's, Open MPI's or PMI's variables; null when none is set), torch_version, t
-``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields)
+``iterator``  pid, iter_id, loader_id (one per DataLoader object, never reused), t_created, t_ready,
+              worker_pids, role ("train" or "eval"; absent in older records), role_why (its evidence),
+              config (LoaderConfig fields)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
               process CPU time inside next() for one batch in 8 when num_workers=0 (the batch is
@@ -72,6 +74,10 @@ CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
 PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
 
+# An iterator's role (``iterator`` events): what its loader feeds. See measure/inside/roles.py.
+ROLE_TRAIN = "train"
+ROLE_EVAL = "eval"
+
 # How a run ended (RunMeta.end_reason).
 END_COMPLETED = "completed"          # the command exited 0 by itself
 END_STEPS_REACHED = "steps_reached"  # gpufeed ended it after --steps measured steps
@@ -99,11 +105,23 @@ class LoaderConfig:
     batch_sampler: str | None
     multiprocessing_context: str | None
     site: str | None = None   # file:line of the DataLoader(...) call; gpufeed tune targets it
+    user_stack: tuple[str, ...] = ()   # the user's own frames above that call, file:line, innermost first
+    user_function: str | None = None   # the function of the first of them (train_dataloader, main...)
+    framework: str | None = None       # transformers, lightning, keras, timm, accelerate: built the loader
+    origin_site: str | None = None     # the user's own DataLoader(...) call this loader was rebuilt from
+
+    @property
+    def user_site(self) -> str | None:
+        """The first line of the user's own code on the way to the DataLoader(...) call."""
+        return self.user_stack[0] if self.user_stack else None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "LoaderConfig":
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        kept = {k: v for k, v in d.items() if k in names}
+        if "user_stack" in kept:
+            kept["user_stack"] = tuple(kept["user_stack"] or ())
+        return cls(**kept)
 
 
 @dataclass

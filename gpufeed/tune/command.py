@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from gpufeed import thresholds as th
 from gpufeed.analysis import analyze
 from gpufeed.analysis.findings import Diagnosis
+from gpufeed.analysis.metrics import LoaderSummary
+from gpufeed.analysis.rules import keras_wrapped
 from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Overrides
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.runner import RunOptions, run_command
@@ -34,6 +36,10 @@ TRIALS_DIR = "trials"
 
 class NoDataLoader(Exception):
     """The command ran but never iterated a DataLoader: there is nothing to tune."""
+
+
+class NotTunable(Exception):
+    """The training DataLoader's settings cannot be changed without changing what it yields."""
 
 
 @dataclass
@@ -56,6 +62,8 @@ class CommandTrials:
         self.options = options
         self.on_start = on_start
         self.site: str | None = None
+        self.target: Overrides = Overrides(LoaderSettings())  # which loader the settings go to
+        self.training_config: dict | None = None
         self.baseline: LoaderSettings | None = None
         self.distributed_steps: int | None = None  # torchrun: every rank must stop at the same step
         self.count = 0
@@ -67,7 +75,7 @@ class CommandTrials:
         run_dir = o.out / TRIALS_DIR / name
         env = {}
         if self.baseline is not None:  # the first run is the user's configuration, untouched
-            env[ENV_OVERRIDES] = Overrides(settings, self.site).to_json()
+            env[ENV_OVERRIDES] = replace(self.target, settings=settings).to_json()
         steps = self.distributed_steps
         run_options = RunOptions(
             command=o.command, out=run_dir, warmup_steps=o.warmup_steps, stall_timeout_s=o.stall_timeout_s,
@@ -105,7 +113,14 @@ class CommandTrials:
             raise NoDataLoader("the command never iterated a torch DataLoader, so there is nothing to tune "
                                f"(run record: {self.options.out / run.run_dir if run.run_dir else '?'}).")
         config = training.config
-        self.site = config.get("site")
+        if keras_wrapped(config):
+            raise NotTunable(f"the training DataLoader (built at {config.get('site')}) is Keras's wrapper of a "
+                             "tf.data pipeline or PyDataset (an IterableDataset with batch_size=None): DataLoader "
+                             "workers would each yield the whole dataset again, so gpufeed does not try them. Tune "
+                             "Keras's own pipeline (PyDataset(workers=..., use_multiprocessing=True), or tf.data's "
+                             "num_parallel_calls and prefetch).")
+        self.site, self.training_config = config.get("site"), config
+        self.target = training_target(training, diagnosis.loaders)
         ranks = _world_size(Path(diagnosis.run_dir))
         if ranks and ranks > 1 and diagnosis.metrics.steps:
             # Ranks stop together only at the same step: measure by steps, sized from this run.
@@ -150,9 +165,25 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
     search = Search(measure, baseline, cpu_count or usable_cpus().count, budget_s=options.budget_s,
                     max_workers=options.max_workers, on_trial=on_trial)
     result = search.run(command=options.command, site=trials.site)
+    result.target, result.training_config = trials.target, trials.training_config
     result.elapsed_s = time.monotonic() - t0
     save(result, options.out)
     return result
+
+
+def training_target(training: LoaderSummary, loaders: list[LoaderSummary]) -> Overrides:
+    """Where the settings go: the training loader's site, never a loader built there as an
+    evaluation one (a framework builds train and eval loaders at one line, and the run measured
+    may end before the first evaluation); and when another loader was seen built at that same line
+    (a script's helper builds both), the user's stack that leads to the training one."""
+    site = training.config.get("site")
+    if site is None:
+        return Overrides(LoaderSettings())
+    stack = tuple(training.config.get("user_stack") or ())
+    others = [s for s in loaders if s is not training and s.pid == training.pid and s.config.get("site") == site]
+    if stack and others and all(tuple(s.config.get("user_stack") or ()) != stack for s in others):
+        return Overrides(LoaderSettings(), site, stack=stack, role=schema.ROLE_TRAIN)
+    return Overrides(LoaderSettings(), site, role=schema.ROLE_TRAIN)
 
 
 def trial_time_limit(seconds: float, stall_timeout_s: float) -> float:

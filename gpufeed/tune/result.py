@@ -108,6 +108,8 @@ class TuneResult:
     budget_s: float | None
     elapsed_s: float
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
+    target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
+    training_config: dict | None = None  # the training loader's config in the first run (for the advice)
 
     @property
     def speedup(self) -> float | None:
@@ -134,7 +136,8 @@ class TuneResult:
 
     def config_file(self) -> dict[str, Any]:
         """What ``gpufeed run --config`` reads: the winner's settings for the loader built at ``site``."""
-        return {"format": CONFIG_FORMAT, "site": self.site, "settings": self.best.settings.to_dict(),
+        which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
+        return {"format": CONFIG_FORMAT, "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command}
 
 
@@ -149,10 +152,11 @@ def dataloader_kwargs(settings: LoaderSettings) -> dict[str, Any]:
     return kwargs
 
 
-def paste_line(settings: LoaderSettings) -> str:
-    """``DataLoader(..., num_workers=8, prefetch_factor=4)`` and, for a thread cap, how to get it."""
-    args = ", ".join(f"{k}={v!r}" for k, v in dataloader_kwargs(settings).items())
-    line = f"DataLoader(..., {args})"
+def paste_line(settings: LoaderSettings, training_config: dict | None = None) -> str:
+    """``DataLoader(..., num_workers=8, prefetch_factor=4) at train.py:42`` (or the knob of the
+    framework that builds the training loader) and, for a thread cap, how to get it."""
+    from gpufeed.analysis.rules import change_in
+    line = change_in(training_config or {}, **dataloader_kwargs(settings))
     if settings.worker_threads is not None and settings.num_workers:
         line += (f"  # and in worker_init_fn: torch.set_num_threads({settings.worker_threads}) "
                  "(and cv2.setNumThreads / OMP_NUM_THREADS for other thread pools)")

@@ -18,6 +18,8 @@ import sys
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
+from gpufeed.measure.inside import roles
+
 ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
 CONFIG_FORMAT = "gpufeed.loader-settings/1"
 # Thread-pool variables read by OpenMP, MKL, OpenBLAS and friends when a library starts its pool.
@@ -78,13 +80,44 @@ class LoaderSettings:
 
 @dataclass(frozen=True)
 class Overrides:
-    """Settings for the loader(s) built at ``site`` (every loader when ``site`` is None)."""
+    """Settings for the loader(s) built at ``site`` (every loader when ``site`` is None).
+
+    Where the training loader shares its ``site`` with another loader (a framework builds both at
+    one line; a helper builds both), ``stack`` (the user's frames, innermost first) or ``role``
+    (``"train"``: not a loader built as an evaluation one) tells it apart.
+    """
 
     settings: LoaderSettings
     site: str | None = None
+    stack: tuple[str, ...] | None = None
+    role: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"format": CONFIG_FORMAT, "site": self.site, "settings": self.settings.to_dict()})
+        return json.dumps(self.to_dict())
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"format": CONFIG_FORMAT, "site": self.site, "settings": self.settings.to_dict()}
+        if self.stack is not None:
+            data["stack"] = list(self.stack)
+        if self.role is not None:
+            data["role"] = self.role
+        return data
+
+    def matches(self, site: str | None, stack: list[str], built_as: str | None) -> bool:
+        """Whether the loader being built at ``site`` is the one these settings are for."""
+        if self.site is not None and site != self.site:
+            return False
+        if self.stack is not None and tuple(stack) != self.stack:
+            return False
+        return self.role is None or built_as is None or built_as == self.role
+
+    def target(self) -> str:
+        """The loader these settings are for, in words."""
+        if self.site is None:
+            return "every DataLoader"
+        which = " (the training one)" if self.role == roles.TRAIN else ""
+        called = f", called from {self.stack[0]}" if self.stack else ""
+        return f"the DataLoader built at {self.site}{called}{which}"
 
     @classmethod
     def from_json(cls, text: str, where: str = "the config") -> "Overrides":
@@ -94,35 +127,55 @@ class Overrides:
             raise ValueError(f"{where} is not valid JSON ({error})") from None
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be a JSON object")
-        unknown = set(data) - {"format", "site", "settings", "samples_per_s", "speedup", "command", "note"}
+        unknown = set(data) - {"format", "site", "stack", "role", "settings", "samples_per_s", "speedup",
+                               "command", "note"}
         if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, settings)")
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, stack, role, settings)")
         if data.get("format", CONFIG_FORMAT) != CONFIG_FORMAT:
             raise ValueError(f"{where} has format {data.get('format')!r}; this gpufeed reads {CONFIG_FORMAT!r}")
         site = data.get("site")
         if site is not None and not isinstance(site, str):
             raise ValueError(f"site in {where} must be a string like 'train.py:42' or null")
-        return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site)
+        stack = data.get("stack")
+        if stack is not None and not (isinstance(stack, list) and all(isinstance(f, str) for f in stack)):
+            raise ValueError(f"stack in {where} must be a list of 'file:line' strings")
+        role = data.get("role")
+        if role not in (None, roles.TRAIN, roles.EVAL):
+            raise ValueError(f"role in {where} must be {roles.TRAIN!r}, {roles.EVAL!r} or null")
+        return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site,
+                   None if stack is None else tuple(stack), role)
 
 
-def call_site(skip_prefixes: tuple[str, ...]) -> str | None:
-    """``file:line`` of the first frame outside torch's data package and gpufeed: the user's call."""
-    frame = sys._getframe(1)
+def call_site(skip_prefixes: tuple[str, ...], frame=None) -> str | None:
+    """``file:line`` of the first frame outside torch's data package and gpufeed: the ``DataLoader(...)`` call."""
+    frame = frame or sys._getframe(1)
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
         if not filename.startswith(skip_prefixes):
-            return f"{_short_path(filename)}:{frame.f_lineno}"
+            return f"{portable_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
 
-def _short_path(filename: str) -> str:
-    """Relative to the working directory when under it, so a config file travels with the project."""
+def portable_path(filename: str) -> str:
+    """A file's name that holds on another machine, so a config file travels with the project:
+    an installed package's file relative to its site-packages (``accelerate/data_loader.py``),
+    else relative to the working directory when under it, else to the ``sys.path`` entry holding it."""
+    filename = os.path.abspath(filename)
+    roots = sorted((os.path.abspath(p) for p in sys.path if p), key=len, reverse=True)
+    for root in roots:
+        if os.path.basename(root) in roles.PACKAGE_DIRS and filename.startswith(root + os.sep):
+            return os.path.relpath(filename, root)
     try:
         relative = os.path.relpath(filename)
     except ValueError:
-        return filename
-    return filename if relative.startswith("..") else relative
+        relative = ".."
+    if not relative.startswith(".."):
+        return relative
+    for root in roots:
+        if filename.startswith(root + os.sep):
+            return os.path.relpath(filename, root)
+    return filename
 
 
 class WorkerThreadCap:
@@ -181,9 +234,12 @@ def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, A
 
 
 def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., None] | None) -> None:
-    """Wrap ``DataLoader.__init__`` (idempotent): note each loader's call site, apply ``overrides``.
+    """Wrap ``DataLoader.__init__`` (idempotent): note where each loader is built (its call site,
+    the user's frames above it, the framework between, the role its construction shows), and apply
+    ``overrides`` to the loader they are for.
 
-    ``report(kind, **fields)`` records each application of the overrides.
+    ``report(kind, **fields)`` records each application of the overrides. Without it (``gpufeed
+    run --config``), what was applied, or that nothing was, is said on stderr.
     """
     from torch.utils.data import dataloader
     import torch
@@ -195,21 +251,70 @@ def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., Non
     # Frames to look past: torch itself, and gpufeed's instrumentation (not its demo script).
     skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
             os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+    applied = _Applied(overrides, report is None)
 
     def __init__(self, *args, **kwargs):
-        site = call_site(skip)
-        if overrides is not None and (overrides.site is None or site == overrides.site):
+        frame = sys._getframe(1)
+        site = call_site(skip, frame)
+        user = roles.user_code(frame, skip, portable_path, self)
+        found = roles.role_from_stack(frame)
+        built_as = found[0] if found else user.pop("origin_built_as", None)
+        user.pop("origin_built_as", None)
+        if overrides is not None and overrides.matches(site, user["user_stack"], built_as):
             bound = signature.bind(self, *args, **kwargs)
             given = {k: v for k, v in bound.arguments.items() if k != "self"}
             args, (kwargs, refused) = (), apply(given, overrides.settings)
+            applied.note(site, refused)
             if report is not None:
                 report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
+        elif overrides is not None:
+            applied.missed(site)
         init(self, *args, **kwargs)
-        self._gpufeed_site = site  # DataLoader refuses only a few attributes after __init__; not this one
+        # DataLoader refuses only a few attributes after __init__; not these.
+        self._gpufeed_site = site
+        self._gpufeed_built = dict(user, built_as=built_as, site=site)
 
     __init__._gpufeed_original = init
     __init__.__wrapped__ = init
     dataloader.DataLoader.__init__ = __init__
+
+
+class _Applied:
+    """What ``gpufeed run --config`` did in this process, said on stderr: each loader it changed
+    once, and at exit, when it built loaders but changed none, that the settings did nothing."""
+
+    def __init__(self, overrides: Overrides | None, say: bool) -> None:
+        self.overrides, self.say = overrides, say and overrides is not None
+        self.count = 0
+        self.elsewhere: list[str] = []
+        if self.say:
+            import atexit
+            atexit.register(self.at_exit)
+
+    def note(self, site: str | None, refused: dict[str, str]) -> None:
+        self.count += 1
+        if self.say and self.count == 1 and _lead_process():
+            not_applied = "".join(f"; {k} not applied: {why}" for k, why in refused.items())
+            sys.stderr.write(f"gpufeed: applied {self.overrides.settings.label()} to the DataLoader built at "
+                             f"{site}{not_applied}\n")
+
+    def missed(self, site: str | None) -> None:
+        if site not in self.elsewhere:
+            self.elsewhere.append(site)
+
+    def at_exit(self) -> None:
+        if self.count or not self.elsewhere or not _lead_process():
+            return
+        sys.stderr.write(f"gpufeed: the settings were NOT applied: no DataLoader matched {self.overrides.target()}; "
+                         f"this run built DataLoaders at {', '.join(map(str, self.elsewhere[:5]))}. The script "
+                         "changed since the config was made, or runs from another directory: run `gpufeed tune` "
+                         "again.\n")
+
+
+def _lead_process() -> bool:
+    """Rank 0 (or no rank): one message for a job, not one per rank."""
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
+    return rank in (None, "", "0")
 
 
 def unpatch_dataloader_init() -> None:

@@ -30,7 +30,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable
 
-from gpufeed.measure.inside import overrides
+from gpufeed.measure.inside import overrides, roles
 from gpufeed.record import schema
 from gpufeed.record.writer import JsonlWriter, write_json_atomic
 
@@ -55,6 +55,9 @@ MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the olde
 MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
 
 _clock = time.perf_counter
+# One id per DataLoader object, kept on the object: never reused after garbage collection (a loader
+# built anew each epoch gets a new id every time), nor by a later probe in the same process.
+_loader_ids = itertools.count()
 
 
 def count_samples(batch: Any, depth: int = 0) -> int | None:
@@ -83,11 +86,14 @@ class _IteratorState:
     """What the probe keeps per DataLoader iterator; attached to the iterator object."""
 
     __slots__ = ("iter_id", "next_index", "rows", "samples_per_batch", "cuda_pending", "cuda_rows",
-                 "last_memory_t", "worker_pids", "done", "in_process", "last_index", "__weakref__")
+                 "last_memory_t", "worker_pids", "done", "in_process", "last_index", "training", "__weakref__")
 
     def __init__(self, iter_id: int, samples_per_batch: int | None, worker_pids: list[int],
-                 last_index: int | None = None) -> None:
+                 last_index: int | None = None, training: bool = True) -> None:
         self.iter_id = iter_id
+        # A training loader's iterator: its steps count towards --steps and a trial's length
+        # (validation, evaluation and sanity-check loaders do not; see roles.py).
+        self.training = training
         self.next_index = 0
         self.rows: list[tuple] = []
         self.samples_per_batch = samples_per_batch
@@ -119,7 +125,6 @@ class Probe:
         self.pending: tuple[float, _IteratorState] | None = None
         self.stall_reported = False
         self._iter_ids = itertools.count()
-        self._loader_ids: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
         self._pid = -1
         self._start_in_this_process()
 
@@ -227,16 +232,25 @@ class Probe:
 
     def register_iterator(self, iterator: Any, loader: Any, t_created: float) -> None:
         self.ensure_this_process()
-        loader_id = self._loader_ids.setdefault(loader, len(self._loader_ids))
+        loader_id = getattr(loader, "_gpufeed_loader_id", None)
+        if loader_id is None:
+            loader_id = next(_loader_ids)
+            try:
+                loader._gpufeed_loader_id = loader_id
+            except Exception:
+                pass  # a loader that refuses attributes gets a new id per iterator: never a reused one
+        built = getattr(loader, "_gpufeed_built", None) or {}
+        role, why = roles.iterator_role(sys._getframe(2), built.get("built_as"))
         worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
         state = _IteratorState(next(self._iter_ids), _fixed_batch_size(loader), worker_pids,
-                               _last_index(iterator))
+                               _last_index(iterator), training=role == roles.TRAIN)
         iterator._gpufeed_state = state
         weakref.finalize(iterator, _mark_done, state)
         with self._lock:
             self._iterators.append(state)
         self.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
-                   t_ready=_clock(), worker_pids=worker_pids, config=loader_config(loader))
+                   t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why,
+                   config=loader_config(loader))
 
     def first_fetch_in_process(self) -> None:
         import torch
@@ -418,6 +432,7 @@ def _mark_done(state: _IteratorState) -> None:
 
 def loader_config(loader: Any) -> dict[str, Any]:
     dataset = loader.dataset
+    built = getattr(loader, "_gpufeed_built", None) or {}
     try:
         dataset_len = len(dataset)
     except TypeError:
@@ -441,6 +456,11 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__name__,
         "multiprocessing_context": start_method,
         "site": getattr(loader, "_gpufeed_site", None),
+        # Where the user's own code builds it, and the framework between (see roles.user_code).
+        "user_stack": built.get("user_stack") or [],
+        "user_function": built.get("user_function"),
+        "framework": built.get("framework"),
+        "origin_site": built.get("origin_site"),
     }
 
 
@@ -533,9 +553,10 @@ def patch_torch(probe: Probe) -> None:
                 end_event = _cuda_event()
                 if end_event is not None:
                     probe.cuda_step(state, index, start_event, end_event, t_deliver)
-            probe.total_steps += 1
-            if probe.total_steps >= probe.check_limits_at:
-                probe.check_limits(t_deliver)
+            if state.training:  # --steps and trial lengths count training steps only
+                probe.total_steps += 1
+                if probe.total_steps >= probe.check_limits_at:
+                    probe.check_limits(t_deliver)
             return batch
         return __next__
 
