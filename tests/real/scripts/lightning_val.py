@@ -39,7 +39,7 @@ class Model(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def train_dataloader(self):
-        return DataLoader(Slow(8 * 40, 2.0), batch_size=8, shuffle=True, num_workers=self.workers)  # TRAIN-LOADER
+        return DataLoader(Slow(8 * 40, 4.0), batch_size=8, shuffle=True, num_workers=self.workers)  # TRAIN-LOADER
 
     def val_dataloader(self):
         return DataLoader(Slow(48, 1.0), batch_size=8, num_workers=0)  # VAL-LOADER
