@@ -16,6 +16,7 @@ from gpufeed.measure.inside.overrides import LoaderSettings
 from gpufeed.tune.command import CommandTrials, TuneOptions
 from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
+from tests.test_report import browser, chart_series, rendered  # noqa: F401 (browser: a fixture)
 
 TARGET = WORKLOADS / "tune_target.py"
 
@@ -35,7 +36,7 @@ def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expec
     return out, result
 
 
-def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path):
+def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path, browser):
     out, result = tune(tmp_path, "--workers", "1", "--fail-above", "8", "--steps-per-epoch", "10",
                        options=("--max-workers", "16", "--json", str(tmp_path / "t.json"), "--report"))
     report = json.loads((tmp_path / "t.json").read_text())
@@ -62,7 +63,19 @@ def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(t
             assert [c.num_workers for s, c in configs.items() if s != train_site()] == [0]
     # The terminal shows the table, the winner, the speed-up and what to paste.
     assert "Best:" in result.stdout and "Paste: DataLoader(..., num_workers=" in result.stdout
-    assert "num_workers" in (out / "report.html").read_text()  # --report: the trials plotted
+    # --report: the trials plotted, one point per trial that ran (at its num_workers, its median).
+    session, shown = rendered(browser, out / "report.html")
+    assert "chart-tune" in shown["ids"]
+    plotted = browser.evaluate(session, "DATA.tune")
+    points = sorted((w, m) for line in plotted["lines"] for w, m in zip(plotted["workers"], line["median"])
+                    if m is not None)
+    ok = [t for t in report["trials"] if t["status"] == "ok"]
+    assert sorted(t["samples_per_s"] for t in ok) == pytest.approx(sorted(m for _, m in points))
+    assert {t["config"]["num_workers"] for t in ok if t["config"]["num_workers"] is not None} | {1} \
+        == {w for w, _ in points}
+    drawn = chart_series(browser, session, "chart-tune")
+    assert sorted(v for k, vs in drawn.items() if k != "x" and not k.endswith(("(max)", "(min)")) for v in vs if v is not None) \
+        == pytest.approx(sorted(m for _, m in points)), "the chart draws those medians"
     config = json.loads((out / "best-config.json").read_text())
     assert config["settings"]["num_workers"] == best["config"]["num_workers"]
 
@@ -141,8 +154,10 @@ def test_ctrl_c_ends_the_trial_and_prints_the_best_so_far(tmp_path):
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, COLUMNS="200"))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 4:
+    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 4 and proc.poll() is None:
         time.sleep(0.2)  # the baseline twice, then the search's own trials
+    started = len(list((out / "trials").glob("*")))
+    assert started >= 4 and proc.poll() is None, f"{started} trials started: Ctrl-C would not land in the search"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
