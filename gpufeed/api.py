@@ -17,7 +17,7 @@ from typing import Iterator
 from gpufeed import thresholds as th
 from gpufeed.analysis import Diagnosis, Finding, Metrics
 from gpufeed.analysis import analyze as _analyze
-from gpufeed.measure.inside.probe import Probe, active_probe, patch_torch, unpatch_torch
+from gpufeed.measure.inside.probe import Probe, active_probe, note_process, patch_torch, unpatch_torch
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.runner import default_run_dir, finish_record, start_record
 from gpufeed.record import schema
@@ -67,6 +67,7 @@ class Profiler:
             raise RuntimeError("gpufeed is already measuring this process (nested profile() or under diagnose)")
         meta = start_record(self.run_dir, [sys.executable] + sys.argv, None, self.warmup_steps)
         probe = Probe(str(self.run_dir))
+        note_process(probe)   # its rank too: the callbacks write one record per rank
         patch_torch(probe)
         sampler = Sampler(self.run_dir, os.getpid(), interval_s=self.interval_s)
         sampler.start()

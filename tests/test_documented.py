@@ -172,3 +172,162 @@ def test_analysis_that_fails_exits_1_and_keeps_the_record(tmp_path):
     assert json.loads((tmp_path / "run" / schema.META_FILE).read_text())["end_reason"] == "completed"
     again = gpufeed(["analyze", str(tmp_path / "run")], cwd=tmp_path)
     assert again.returncode == cli.EXIT_OK and "storage_latency" in again.stdout, "the record is whole"
+
+
+# -- tune --budget on a real command (its best-config.json through gpufeed run: tests/test_tune_cli.py) ------
+TUNE_TARGET = WORKLOADS / "tune_target.py"
+
+
+def test_tune_budget_with_a_real_command(tmp_path):
+    """--budget stops starting trials: here after your own configuration's two runs."""
+    budget = 4.0
+    out = tmp_path / "tune"
+    result = gpufeed(["tune", "--budget", str(budget), "--trial-seconds", "1", "--warmup", "5", "--out", str(out),
+                      "--", sys.executable, str(TUNE_TARGET), "--workers", "1"], cwd=tmp_path, timeout=300)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    assert_nothing_left_running(str(TUNE_TARGET))
+    assert f"the budget of {budget:g} s ran out" in result.stdout
+    report = json.loads((out / "tune.json").read_text())
+    assert report["budget_s"] == budget and report["stopped"] == "budget"
+    measured = [t for t in report["trials"] if t["runs"]]
+    assert measured and all(run["status"] == "ok" for t in measured for run in t["runs"])
+    # The last trial started before the budget ran out and was measured to its end.
+    assert budget <= report["elapsed_s"] <= budget + sum(t["elapsed_s"] for t in measured) + 5
+    config = json.loads((out / "best-config.json").read_text())
+    assert config["settings"]["num_workers"] == report["best"]["config"]["num_workers"]
+
+
+# -- batch-size: its options, its exits, its Python API ---------------------------------------------------
+BATCH_MEMORY = WORKLOADS / "batch_memory.py"
+# Validation every 4 training steps (2 batches of 8): every trial reaches the validation loader.
+BATCH_SCRIPT = [sys.executable, str(BATCH_MEMORY), "--side", "32", "--val", "--val-every", "4", "--val-samples", "16"]
+FAST = ("--trial-seconds", "0.5", "--warmup", "2")
+
+
+def test_batch_size_target_max_trials_report_and_the_validation_loader(tmp_path, browser, monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")   # repeatable CPU peaks (docs/memory.md)
+    out = tmp_path / "bs"
+    result = gpufeed(["batch-size", "--memory-budget", "600M", "--target", "0.7", "--max-trials", "4", *FAST,
+                      "--report", "--out", str(out), "--", *BATCH_SCRIPT], cwd=tmp_path, timeout=300)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    assert_nothing_left_running(str(BATCH_MEMORY))
+    data = json.loads((out / "batch_size.json").read_text())
+    assert data["target_share"] == 0.7 and data["capacity_b"] == 600 * 2**20
+    trials = data["trials"]
+    assert 2 <= len(trials) <= 4, [t["batch_size"] for t in trials]
+    # ~320 MiB of torch and model, ~0.6 MiB a sample: 420 MiB (70%) holds about 180, 540 MiB (90%) 380.
+    assert all(t["peak_mem_b"] <= 0.7 * data["capacity_b"] for t in trials if t["status"] == "ok")
+    assert data["largest_safe"] is not None and 90 <= data["largest_safe"] <= 260, data["largest_safe"]
+    # Each trial overrode the training loader's batch size only: the validation loader kept its 8.
+    checked = 0
+    for t in trials:
+        record = load_run(out / t["run_dir"])
+        sizes = {it.config.batch_size for it in record.iterators}
+        if t["status"] == "ok":
+            assert t["batch_size"] in sizes, (t["batch_size"], sizes)
+        if len(sizes) > 1:
+            assert sizes == {t["batch_size"], 8}, sizes
+            checked += 1
+    assert checked, "no trial reached the validation loader"
+    # --report: the trials plotted, the target line where --target put it.
+    session, shown = rendered(browser, out / "report.html")
+    assert {"chart-batch-mem", "chart-batch-speed"} <= set(shown["ids"])
+    target = browser.evaluate(session, "DATA.batch.target_gib")
+    assert target == pytest.approx(0.7 * 600 / 1024)
+
+
+def test_batch_size_exit_7_without_a_dataloader(tmp_path):
+    result = gpufeed(["batch-size", *FAST, "--out", str(tmp_path / "bs"), "--",
+                      sys.executable, str(WORKLOADS / "no_dataloader.py"), "--seconds", "1"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_NOTHING_TO_TUNE == 7, result.stdout + result.stderr
+    assert "DataLoader" in result.stderr
+
+
+FAILS_AT_ITS_OWN_SIZE = """
+import torch
+from torch.utils.data import DataLoader
+for step, batch in enumerate(DataLoader(list(range(1000)), batch_size=16)):
+    if step == 3:
+        raise ValueError("labels out of range")
+"""
+
+
+def test_batch_size_exit_4_when_your_own_batch_fails_for_another_reason(tmp_path):
+    (tmp_path / "train.py").write_text(FAILS_AT_ITS_OWN_SIZE)
+    result = gpufeed(["batch-size", *FAST, "--out", str(tmp_path / "bs"), "--", sys.executable, "train.py"],
+                     cwd=tmp_path)
+    assert result.returncode == cli.EXIT_COMMAND_FAILED == 4, result.stdout + result.stderr
+    assert "labels out of range" in result.stderr
+    assert (tmp_path / "bs" / "trials").is_dir() and not (tmp_path / "bs" / "batch_size.json").exists()
+
+
+def test_find_batch_size_from_python(tmp_path, monkeypatch):
+    from gpufeed.batchsize import BatchSizeOptions, find_batch_size
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    seen = []
+    result = find_batch_size(BatchSizeOptions(BATCH_SCRIPT, out=tmp_path / "bs", memory_budget_b=450 << 20,
+                                              seconds=0.5, warmup_steps=2, max_trials=3), on_trial=seen.append)
+    assert_nothing_left_running(str(BATCH_MEMORY))
+    assert result.device == "cpu" and result.capacity_b == 450 << 20
+    assert [t.batch_size for t in result.trials][0] == 16 and len(result.trials) <= 3
+    assert result.largest_safe is not None and result.largest_safe >= 16
+    assert [t.batch_size for t in seen] == [t.batch_size for t in result.trials]
+    assert json.loads((tmp_path / "bs" / "batch_size.json").read_text())["largest_safe"] == result.largest_safe
+
+
+# -- findings that only real runs should make -----------------------------------------------------------
+def test_cpu_saturated_from_a_real_run(tmp_path):
+    """As many CPU-bound workers as the cores this test sees: every core busy, the loop still waits."""
+    cores = os.cpu_count()
+    out = tmp_path / "diag.json"
+    result = gpufeed(["diagnose", "--warmup", "5", "--out", str(tmp_path / "run"), "--json", str(out), "--",
+                      sys.executable, str(WORKLOADS / "cpu_bound.py"), "--workers", str(cores), "--epochs", "1",
+                      "--steps-per-epoch", "40", "--cpu-ms", "4"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    diag = json.loads(out.read_text())
+    f = next((f for f in diag["findings"] if f["id"] == "cpu_saturated"), None)
+    assert f is not None, [(f["id"], f["evidence"]) for f in diag["findings"]]
+    assert f["evidence"]["cpu_util_pct"] >= 90 and f["evidence"]["num_workers"] == cores
+    assert diag["bottleneck"] == "input"
+
+
+def torchrun(nproc: int = 2) -> list[str]:
+    from tests.test_distributed import torchrun as launcher
+    return [arg if not arg.startswith("--nproc_per_node") else f"--nproc_per_node={nproc}" for arg in launcher()]
+
+
+def test_load_imbalance_from_a_real_run(tmp_path):
+    """Two torchrun ranks that never synchronise, one with three times the work per step."""
+    script = WORKLOADS / "uneven_ranks.py"
+    out = tmp_path / "diag.json"
+    result = gpufeed(["diagnose", "--warmup", "5", "--out", str(tmp_path / "run"), "--json", str(out), "--",
+                      *torchrun(), str(script)], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    assert_nothing_left_running(str(script))
+    diag = json.loads(out.read_text())
+    f = next((f for f in diag["findings"] if f["id"] == "load_imbalance"), None)
+    assert f is not None, [(f["id"], f["evidence"]) for f in diag["findings"]]
+    assert f["evidence"]["measure"] == "step_time" and f["evidence"]["rank"] == 1
+    assert f["evidence"]["mean_rank_1"] > 2 * f["evidence"]["mean_rank_0"], f["evidence"]
+
+
+# -- Lightning: one record per rank, merged by analyze ------------------------------------------------------
+def test_lightning_writes_one_record_per_rank(tmp_path):
+    needs.library("lightning")
+    script = WORKLOADS / "lightning_fit.py"
+    result = subprocess.run([*torchrun(), str(script), "--out", str(tmp_path / "fit"), "--steps", "30"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_nothing_left_running(str(script))
+    assert sorted(p.name for p in (tmp_path / "fit").iterdir()) == ["rank0", "rank1"]
+    for rank in (0, 1):
+        record = load_run(tmp_path / "fit" / f"rank{rank}")
+        assert {p["rank"] for p in record.processes} == {rank}
+        assert record.meta.end_reason == "completed"
+    merged = gpufeed(["analyze", str(tmp_path / "fit" / "rank0"), str(tmp_path / "fit" / "rank1"),
+                      "--json", str(tmp_path / "merged.json")], cwd=tmp_path)
+    assert merged.returncode == cli.EXIT_OK, merged.stderr
+    ranks = {r["rank"]: r for r in json.loads((tmp_path / "merged.json").read_text())["metrics"]["ranks"]}
+    assert set(ranks) == {0, 1} and ranks[0]["world_size"] == ranks[1]["world_size"] == 2
+    assert ranks[0]["steps_total"] == ranks[1]["steps_total"] == 30

@@ -78,6 +78,19 @@ def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(t
         == pytest.approx(sorted(m for _, m in points)), "the chart draws those medians"
     config = json.loads((out / "best-config.json").read_text())
     assert config["settings"]["num_workers"] == best["config"]["num_workers"]
+    # The round trip: gpufeed run trains with best-config.json; the script's own record of the
+    # settings its loaders were built with shows them on the training loader, and only there.
+    seen = tmp_path / "seen.json"
+    run = gpufeed(["run", "--config", str(out / "best-config.json"), "--", sys.executable, str(TARGET),
+                   "--epochs", "1", "--report", str(seen)], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"to the DataLoader built at {config['site']}" in run.stderr.replace("\n", "")
+    loaders = json.loads(seen.read_text())
+    assert loaders["train"]["num_workers"] == best["config"]["num_workers"] != 1
+    overridden = [k for k in loaders["train"] if config["settings"].get(k) is not None]
+    assert "num_workers" in overridden
+    assert {k: loaders["train"][k] for k in overridden} == {k: config["settings"][k] for k in overridden}
+    assert loaders["val"] == {"num_workers": 0}, "the validation loader is left alone"
 
 
 def test_run_config_applies_settings_to_the_training_loader_only(tmp_path):
