@@ -107,6 +107,30 @@ def test_tiny_terminal_gets_the_compact_layout(tmux):
     assert tmux.exit_code() == 0
 
 
+@pytest.mark.parametrize("gpus", ["two", "none"])
+def test_compact_layout_fits_the_width_it_is_given(tmp_path, gpus):
+    """A terminal clips what passes its right edge (the next line overwrites it): render into a
+    wide console instead, and measure what the 36 columns were given."""
+    from rich.console import Console
+
+    from gpufeed.measure.outside.sampler import Sampler
+    from gpufeed.present.watch import Dashboard
+    from tests.test_sampler import failing_nvml, fake_nvml
+
+    nvml = Nvml(module=fake_nvml() if gpus == "two" else failing_nvml())
+    sampler = Sampler(tmp_path, root_pid=os.getpid(), nvml=nvml)
+    board = Dashboard(sampler, running_run(tmp_path / "run", wait_s=0.02, fetch_cpu_s=0.002), discover=False)
+    for t in range(3):
+        board.tick(float(t))
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(board.render(36, 8, 1.0))
+    lines = console.export_text().rstrip("\n").splitlines()
+    sampler.stop()
+    assert lines[0].startswith("GPU") and lines[-1].endswith("q: quit"), lines
+    assert any(line.startswith("CPU") for line in lines) and any(line.startswith("run ") for line in lines)
+    assert max(len(line.rstrip()) for line in lines) <= 36, lines
+
+
 def running_run(path: Path, **knobs) -> Path:
     """A synthetic run that looks like one still being written: no end, a fresh sampler file."""
     run = write_run(path, Scenario(**knobs))
