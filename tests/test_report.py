@@ -164,6 +164,7 @@ def test_tune_dir(tmp_path, browser):
     session, shown = rendered(browser, write_report(tune, tmp_path / "r.html"))
     assert "chart-tune" in shown["ids"]
     assert "Best trial: trials/04-w4-p4" in shown["text"]
+    assert_trials_plotted(browser, session, json.loads((tmp_path / "tune" / "tune.json").read_text()), own_workers=1)
     tune = browser.evaluate(session, "DATA.tune")
     assert tune["workers"] == [1, 2, 4, 8], "the script's own num_workers is read from its record"
     assert {line["label"] for line in tune["lines"]} == {"the script's own", "prefetch 2", "prefetch 4"}
@@ -194,6 +195,22 @@ def chart_series(browser: Chromium, session: str, chart_id: str) -> dict[str, li
 
 
 GIB = 2**30
+
+
+def assert_trials_plotted(browser: Chromium, session: str, tune: dict, own_workers: int) -> None:
+    """The tune chart: one point per trial that ran, at its num_workers (``own_workers`` for the
+    script's own, null in tune.json), at its median; and the chart draws those medians."""
+    plotted = browser.evaluate(session, "DATA.tune")
+    points = sorted((w, m) for line in plotted["lines"] for w, m in zip(plotted["workers"], line["median"])
+                    if m is not None)
+    ok = [t for t in tune["trials"] if t["status"] == "ok"]
+    workers = [own_workers if t["config"]["num_workers"] is None else t["config"]["num_workers"] for t in ok]
+    expected = sorted(zip(workers, (t["samples_per_s"] for t in ok)))
+    assert [w for w, _ in expected] == [w for w, _ in points], (expected, points)
+    assert [m for _, m in expected] == pytest.approx([m for _, m in points]), (expected, points)
+    drawn = chart_series(browser, session, "chart-tune")
+    medians = [v for k, vs in drawn.items() if k != "x" and not k.endswith(("(max)", "(min)")) for v in vs]
+    assert sorted(v for v in medians if v is not None) == pytest.approx(sorted(m for _, m in points))
 
 
 def test_batch_size_dir(tmp_path, browser):

@@ -16,7 +16,7 @@ from gpufeed.measure.inside.overrides import LoaderSettings
 from gpufeed.tune.command import CommandTrials, TuneOptions
 from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
-from tests.test_report import browser, chart_series, rendered  # noqa: F401 (browser: a fixture)
+from tests.test_report import assert_trials_plotted, browser, rendered  # noqa: F401 (browser: a fixture)
 
 TARGET = WORKLOADS / "tune_target.py"
 
@@ -66,16 +66,7 @@ def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(t
     # --report: the trials plotted, one point per trial that ran (at its num_workers, its median).
     session, shown = rendered(browser, out / "report.html")
     assert "chart-tune" in shown["ids"]
-    plotted = browser.evaluate(session, "DATA.tune")
-    points = sorted((w, m) for line in plotted["lines"] for w, m in zip(plotted["workers"], line["median"])
-                    if m is not None)
-    ok = [t for t in report["trials"] if t["status"] == "ok"]
-    assert sorted(t["samples_per_s"] for t in ok) == pytest.approx(sorted(m for _, m in points))
-    assert {t["config"]["num_workers"] for t in ok if t["config"]["num_workers"] is not None} | {1} \
-        == {w for w, _ in points}
-    drawn = chart_series(browser, session, "chart-tune")
-    assert sorted(v for k, vs in drawn.items() if k != "x" and not k.endswith(("(max)", "(min)")) for v in vs if v is not None) \
-        == pytest.approx(sorted(m for _, m in points)), "the chart draws those medians"
+    assert_trials_plotted(browser, session, report, own_workers=1)
     config = json.loads((out / "best-config.json").read_text())
     assert config["settings"]["num_workers"] == best["config"]["num_workers"]
     # The round trip: gpufeed run trains with best-config.json; the script's own record of the
