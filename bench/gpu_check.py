@@ -6,6 +6,7 @@ per check (PASS/FAIL with the numbers). Keep what it prints in ``bench/results/`
 
     python bench/gpu_check.py | tee bench/results/gpu_check-$(date +%F).txt
     python bench/gpu_check.py transfer gpus     # only those sections (issue 11, points 6 and 8)
+    python bench/gpu_check.py --dry-run     # no GPU: run each finding's script tiny on the CPU
 
 It runs from a checkout without installing gpufeed (a lent GPU machine has its own torch and no
 registry): it needs torch with CUDA, psutil, rich, numpy and nvidia-ml-py importable.
@@ -48,6 +49,112 @@ LOADER_SCRIPT = textwrap.dedent('''
             break
     torch.cuda.synchronize()
 ''')
+
+# The GPU-only findings, each produced by a small real run of this script (one case per finding).
+# ``--scale`` shrinks every size and time, so that ``--dry-run`` can run each case on the CPU in a
+# second, which checks the script itself where no GPU is at hand.
+FINDINGS_SCRIPT = textwrap.dedent('''
+    import argparse, time, numpy as np, torch
+    from torch.utils.data import DataLoader, Dataset, TensorDataset
+    p = argparse.ArgumentParser()
+    p.add_argument("cases", nargs="+")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--scale", type=float, default=1.0)
+    a = p.parse_args()
+    dev, scale = torch.device(a.device), a.scale
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def steps(default):
+        return a.steps or default
+
+    class Slow(Dataset):
+        """``latency`` seconds to read a sample: with batch_size=1, the loop waits that long a step."""
+        def __init__(self, n, latency):
+            self.n, self.latency = n, latency
+        def __len__(self):
+            return self.n
+        def __getitem__(self, i):
+            time.sleep(self.latency)
+            return torch.randn(64), i % 10
+
+    def fluctuating_utilization():
+        # ~1 s waiting for data (GPU idle), then ~1 s of matmuls (GPU busy): the nvidia-smi sawtooth,
+        # a cycle longer than NVML's averaging window (up to 1 s) so that both ends show.
+        n = max(8, int(4096 * scale))
+        w = torch.randn(n, n, device=dev)
+        for x, y in DataLoader(Slow(steps(12), 1.0 * scale), batch_size=1):
+            x = x.to(dev)
+            t_end = time.perf_counter() + 1.0 * scale
+            while time.perf_counter() < t_end:
+                for _ in range(8):
+                    z = w @ w
+                sync()
+
+    def host_bound():
+        # In-memory data (no wait); each step a tiny kernel, then ~10 ms of numpy work on the host
+        # and a .item() sync: the GPU idles for the host.
+        n = 32 * steps(300)
+        data = TensorDataset(torch.randn(n, 64), torch.randint(0, 10, (n,)))
+        w = torch.randn(64, 10, device=dev, requires_grad=True)
+        buf = np.random.default_rng(0).standard_normal(max(64, int(200_000 * scale)))
+        for x, y in DataLoader(data, batch_size=32):
+            loss = torch.nn.functional.cross_entropy(x.to(dev) @ w, y.to(dev))
+            loss.backward()
+            for _ in range(20):
+                buf = np.sort(buf)[::-1].copy()
+            loss.item()
+
+    def allocator_cache():
+        # A growing temporary each step: no freed block fits the next request, so the caching
+        # allocator reserves a new segment every time; live tensors peak at the last one only.
+        step_b = max(4096, int(128 * 2**20 * scale))
+        for i, (x,) in enumerate(DataLoader(TensorDataset(torch.randn(steps(40), 8)), batch_size=1)):
+            t = torch.empty((4 + i) * step_b, dtype=torch.uint8, device=dev)
+            t.fill_(1)
+            del t
+            sync()
+            time.sleep(0.02 * scale)
+
+    def batch_too_small():
+        # batch_size=8 through a small MLP, the host pausing each step: memory and GPU both idle.
+        n = 8 * steps(300)
+        data = TensorDataset(torch.randn(n, 256), torch.randint(0, 10, (n,)))
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for x, y in DataLoader(data, batch_size=8, shuffle=True):
+            loss = torch.nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            time.sleep(0.005 * scale)
+
+    def memory_growth():
+        # The classic leak: 4 MiB of CUDA memory kept every step, for longer than the probe's 0.5 s
+        # memory readings need to draw a line (20 ms a step, 300 steps: 6 s).
+        kept = []
+        for (x,) in DataLoader(TensorDataset(torch.randn(steps(300), 8)), batch_size=1):
+            kept.append(torch.ones(max(16, int(2**20 * scale)), device=dev))
+            sync()
+            time.sleep(0.02 * scale)
+
+    for case in a.cases:
+        globals()[case]()
+''')
+
+# case: (the finding it must produce, what its evidence must show, in words, and as a check)
+FINDING_CASES = {
+    "fluctuating_utilization": ("fluctuating_utilization", "NVML p95 >= 70% and p5 <= 10%",
+                                lambda ev: ev["gpu_util_p95_pct"] >= 70 and ev["gpu_util_p5_pct"] <= 10),
+    "host_bound": ("host_bound", "GPU p50 < 50% with little data wait",
+                   lambda ev: ev["gpu_util_p50_pct"] < 50 and (ev["data_wait_share"] or 0) < 0.05),
+    "allocator_cache": ("allocator_cache", "reserved >= 1.5x the allocated peak",
+                        lambda ev: ev["reserved_over_allocated"] >= 1.5),
+    "batch_too_small": ("batch_too_small", "reserved < 50% of the GPU, batch_size 8",
+                        lambda ev: ev["memory_share"] < 0.5 and ev["batch_size"] == 8),
+    "memory_growth": ("memory_growth", "CUDA allocated memory grows ~4 MiB a step",
+                      lambda ev: ev["memory"] == "allocated CUDA memory" and 2 * 2**20 <= ev["per_step_b"] <= 8 * 2**20),
+}
 
 RESULTS: list[tuple[str, bool, str]] = []
 
@@ -157,7 +264,74 @@ def _diagnose_env(tmp: Path, args: list[str], name: str, env: dict[str, str]) ->
                 os.environ[k] = v
 
 
+def finding_check(case: str, diag: dict) -> tuple[bool, str]:
+    """Did the run of ``case`` produce its finding, with the evidence that proves it?"""
+    expected, shows, proves = FINDING_CASES[case]
+    found = {f["id"]: f for f in diag.get("findings", [])}
+    f = found.get(expected)
+    if f is None:
+        return False, f"no {expected}; findings={sorted(found)} metrics={_headline(diag)}"
+    try:
+        ok = bool(proves(f["evidence"]))
+    except (KeyError, TypeError) as error:
+        ok, shows = False, f"{shows} (evidence lacks {error})"
+    return ok, f"{shows}: evidence={f['evidence']}"
+
+
+def _headline(diag: dict) -> dict:
+    m = diag.get("metrics", {})
+    return {k: m.get(k) for k in ("data_wait_share", "gpu_util_p5_pct", "gpu_util_p50_pct", "gpu_util_p95_pct",
+                                  "cuda_mem_allocated_peak_b", "cuda_mem_reserved_max_b")}
+
+
+def check_gpu_findings(tmp: Path) -> None:
+    """Each GPU-only finding from a real run on this GPU (``gpufeed diagnose`` of FINDINGS_SCRIPT)."""
+    (tmp / "findings.py").write_text(FINDINGS_SCRIPT)
+    for case in FINDING_CASES:
+        out = tmp / f"{case}.json"
+        cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--warmup", "2", "--out", str(tmp / case),
+               "--json", str(out), "--", sys.executable, str(tmp / "findings.py"), case]
+        started = time.monotonic()
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        print(f"      ({case}: exit {proc.returncode}, {time.monotonic() - started:.1f} s)", flush=True)
+        if proc.returncode != 0:
+            print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+        diag = json.loads(out.read_text()) if out.exists() else {}
+        check(f"{FINDING_CASES[case][0]} from a real run", *finding_check(case, diag))
+
+
+def dry_run() -> int:
+    """What runs without a GPU: each case of FINDINGS_SCRIPT on the CPU, tiny, for one process;
+    and the checks against diagnoses that have and lack each finding."""
+    with tempfile.TemporaryDirectory() as name:
+        script = Path(name) / "findings.py"
+        script.write_text(FINDINGS_SCRIPT)
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, str(script), *FINDING_CASES, "--device", "cpu", "--steps", "3",
+                               "--scale", "0.001"], capture_output=True, text=True, timeout=120)
+        check(f"the scripts of {', '.join(FINDING_CASES)} run (CPU, tiny)", proc.returncode == 0,
+              f"exit {proc.returncode} in {time.monotonic() - started:.1f} s {proc.stderr[-1500:]}")
+    # Evidence as each rule writes it, as a GPU run should show it (see FINDINGS_SCRIPT's comments).
+    examples = {"fluctuating_utilization": {"gpu_util_p95_pct": 96.0, "gpu_util_p5_pct": 0.0},
+                "host_bound": {"gpu_util_p50_pct": 12.0, "data_wait_share": 0.002},
+                "allocator_cache": {"reserved_over_allocated": 11.0},
+                "batch_too_small": {"memory_share": 0.01, "batch_size": 8},
+                "memory_growth": {"memory": "allocated CUDA memory", "per_step_b": 4 * 2**20}}
+    for case, (expected, _shows, _proves) in FINDING_CASES.items():
+        ok, _ = finding_check(case, {"findings": []})
+        check(f"{case}: a diagnosis without {expected} fails the check", not ok, "")
+        ok, detail = finding_check(case, {"findings": [{"id": expected, "evidence": examples[case]}]})
+        check(f"{case}: {expected} with its evidence passes the check", ok, detail)
+        ok, _ = finding_check(case, {"findings": [{"id": expected, "evidence": {}}]})
+        check(f"{case}: {expected} without its evidence fails the check", not ok, "")
+    failed = [n for n, ok, _ in RESULTS if not ok]
+    print(f"dry run: {len(RESULTS) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
 def main() -> int:
+    if "--dry-run" in sys.argv[1:]:
+        return dry_run()
     import torch
 
     from gpufeed.measure.outside.nvml import Nvml
@@ -233,6 +407,9 @@ def main() -> int:
         check("diagnose overhead on a fast CUDA loop", statistics.median(ratios) >= 0.99,
               f"throughput ratio median {statistics.median(ratios):.3f} (runs: "
               + ", ".join(f"{r:.3f}" for r in ratios) + ")")
+
+        # 4. The GPU-only findings, each from a real run.
+        check_gpu_findings(tmp)
 
     return _summary()
 

@@ -18,7 +18,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis import Diagnosis, Finding, Metrics
 from gpufeed.analysis import analyze as _analyze
 from gpufeed.measure.inside import overrides
-from gpufeed.measure.inside.probe import Probe, active_probe, patch_torch, unpatch_torch
+from gpufeed.measure.inside.probe import Probe, active_probe, note_process, patch_torch, unpatch_torch
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.runner import default_run_dir, finish_record, start_record
 from gpufeed.record import schema
@@ -68,6 +68,7 @@ class Profiler:
             raise RuntimeError("gpufeed is already measuring this process (nested profile() or under diagnose)")
         meta = start_record(self.run_dir, [sys.executable] + sys.argv, None, self.warmup_steps)
         probe = Probe(str(self.run_dir))
+        note_process(probe)   # its rank too: the callbacks write one record per rank
         patch_torch(probe)
         overrides.patch_dataloader_init(None, report=probe.event)  # where each loader is built, as under diagnose
         sampler = Sampler(self.run_dir, os.getpid(), interval_s=self.interval_s)

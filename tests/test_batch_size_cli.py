@@ -19,7 +19,7 @@ def batch_size(tmp_path: Path, *script_args: str, budget: str = "500M", expect_e
                       "--json", str(tmp_path / "bs.json"), "--",
                       sys.executable, str(WORKLOADS / SCRIPT), "--side", "32", *script_args], cwd=tmp_path)
     assert result.returncode == expect_exit, result.stdout + result.stderr
-    assert_nothing_left_running(SCRIPT)
+    assert_nothing_left_running(str(WORKLOADS / SCRIPT))  # this checkout's script only
     return result, out
 
 

@@ -3,6 +3,7 @@ gpufeed's callbacks, TensorBoard scalars read back, and the Prometheus exporter 
 (on 127.0.0.1) while ``gpufeed diagnose`` runs a real command."""
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import socket
@@ -18,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from gpufeed import cli
 from gpufeed.record.reader import load_run
 from tests.synthetic import RankSpec, Scenario, write_ddp_run, write_run
+from tests import needs
 from tests.test_cli import WORKLOADS, gpufeed
 
 
@@ -42,7 +44,7 @@ class SlowData(Dataset):
 
 
 def test_lightning_callback(tmp_path, caplog):
-    pl = pytest.importorskip("lightning.pytorch")
+    pl = needs.library("lightning.pytorch")
     from gpufeed.integrations.lightning import GpufeedCallback
 
     class Tiny(pl.LightningModule):
@@ -75,7 +77,7 @@ def test_lightning_callback(tmp_path, caplog):
 
 def test_transformers_trainer_callback(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")      # nothing may come from the hub
-    transformers = pytest.importorskip("transformers")
+    transformers = needs.library("transformers")
     from gpufeed.integrations.transformers import GpufeedTrainerCallback
 
     # A tiny model built from a config: no download.
@@ -97,7 +99,7 @@ def test_transformers_trainer_callback(tmp_path, caplog, monkeypatch):
 
 
 def test_tensorboard_scalars(tmp_path):
-    pytest.importorskip("tensorboard")
+    needs.library("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from gpufeed.integrations.tensorboard import write_scalars
 
@@ -123,7 +125,7 @@ def _free_port() -> int:
 
 
 def test_prometheus_exporter_serves_a_record(tmp_path):
-    pytest.importorskip("prometheus_client")
+    needs.library("prometheus_client")
     from gpufeed.integrations.prometheus import serve
 
     run = write_run(tmp_path / "run", Scenario(wait_s=0.004, compute_s=0.004))
@@ -144,7 +146,7 @@ def test_prometheus_exporter_serves_a_record(tmp_path):
 
 
 def test_diagnose_prometheus_while_the_command_runs(tmp_path):
-    pytest.importorskip("prometheus_client")
+    needs.library("prometheus_client")
     port = _free_port()
     # The command runs until the test has scraped it (no race with its end on a slow machine), then
     # Ctrl-C ends it as a user would.
@@ -174,7 +176,7 @@ def test_diagnose_prometheus_while_the_command_runs(tmp_path):
 
 
 def test_prometheus_port_in_use_is_refused_before_the_command_starts(tmp_path):
-    pytest.importorskip("prometheus_client")
+    needs.library("prometheus_client")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -187,49 +189,50 @@ def test_prometheus_port_in_use_is_refused_before_the_command_starts(tmp_path):
 
 
 def test_analyze_writes_tensorboard_scalars(tmp_path, capsys):
-    pytest.importorskip("tensorboard")
-    run = write_ddp_run(tmp_path / "run", [RankSpec(), RankSpec(wait_s=0.02)])
+    needs.library("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = write_ddp_run(tmp_path / "run", [RankSpec(wait_s=0.0005, compute_s=0.005),
+                                           RankSpec(wait_s=0.020, compute_s=0.005)])
     assert cli.main(["analyze", str(run), "--tensorboard", str(tmp_path / "tb")]) == cli.EXIT_OK
-    assert "TensorBoard scalars written" in capsys.readouterr().out
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    written = int(capsys.readouterr().out.split(" TensorBoard scalars written")[0].split()[-1])
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"gpufeed/rank0/data_wait_share", "gpufeed/rank1/data_wait_share"} <= tags
+    assert written == sum(len(events.Scalars(t)) for t in tags)
+    # Rank 1: 20 ms of its 25 ms step in next(loader); rank 0: 0.5 ms of a step as long as rank 1's
+    # (it waits for rank 1 in the all-reduce). A point every 10 of the 100 steps, after the warm-up.
+    assert [e.value for e in events.Scalars("gpufeed/rank1/data_wait_share")] == pytest.approx([0.8] * 10, abs=0.02)
+    assert [e.value for e in events.Scalars("gpufeed/rank0/data_wait_share")] == pytest.approx([0.02] * 10, abs=0.005)
+
+
+LIGHTNING_FIT = WORKLOADS / "lightning_fit.py"
 
 
 def test_callbacks_stand_aside_under_diagnose(tmp_path):
-    """Inside a process gpufeed already measures, a callback starts nothing and diagnoses nothing."""
-    import gpufeed
-    from gpufeed.integrations import FitSession
+    """A Lightning fit with the callback, under gpufeed diagnose: diagnose measures, the callback
+    starts nothing, writes nothing and says so."""
+    needs.library("lightning")
+    out = tmp_path / "diag.json"
+    result = gpufeed(["diagnose", "--warmup", "5", "--out", str(tmp_path / "run"), "--json", str(out), "--",
+                      sys.executable, str(LIGHTNING_FIT), "--out", str(tmp_path / "callback"), "--steps", "30"],
+                     cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    assert "gpufeed diagnose is measuring this run" in result.stdout + result.stderr
+    assert not (tmp_path / "callback").exists(), "the callback started a second measurement"
+    diag = json.loads(out.read_text())
+    assert diag["metrics"]["steps"] == 25 and diag["bottleneck"] == "input"   # 30 batches, 5 warm-up
 
-    with gpufeed.profile(out=tmp_path / "run"):   # stands in for diagnose's probe
-        session = FitSession(out=tmp_path / "callback")
-        assert session.start() is None
-        assert session.finish() is None
-    assert not (tmp_path / "callback").exists()
 
-
-def test_transformers_training_that_raises_still_leaves_a_finished_record(tmp_path, monkeypatch):
-    """The HF Trainer calls no callback when training raises: the record is finished at exit."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    transformers = pytest.importorskip("transformers")
-    from gpufeed.integrations.transformers import GpufeedTrainerCallback
-
-    class Broken(SlowData):
-        calls = 0
-
-        def __getitem__(self, i):
-            Broken.calls += 1
-            if Broken.calls == 20:   # in the third batch
-                raise OSError("unreadable sample")
-            return super().__getitem__(i)
-
-    config = transformers.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=16, num_labels=2)
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=5, per_device_train_batch_size=8,
-                                          report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
-    callback = GpufeedTrainerCallback(out=tmp_path / "run")
-    trainer = transformers.Trainer(model=transformers.BertForSequenceClassification(config), args=args,
-                                   train_dataset=Broken(as_dict=True), callbacks=[callback])
-    with pytest.raises(OSError, match="unreadable sample"):
-        trainer.train()
-    callback.session._finish_at_exit()   # what atexit does as the process ends
-    meta = load_run(tmp_path / "run").meta
-    assert meta.end_reason == "failed" and "did not reach its end" in meta.message
+def test_transformers_training_that_raises_still_leaves_a_finished_record(tmp_path):
+    """The HF Trainer calls no callback when training raises: the record is finished at exit,
+    in a real process that ends with the error."""
+    needs.library("transformers")
+    result = subprocess.run([sys.executable, str(WORKLOADS / "hf_trainer_fails.py"), "--out", str(tmp_path / "run")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1 and "OSError: unreadable sample" in result.stderr, result.stderr[-3000:]
+    record = load_run(tmp_path / "run")
+    assert record.meta.end_reason == "failed" and "did not reach its end" in record.meta.message
+    assert record.meta.t_end is not None
+    assert sum(len(it.steps) for it in record.iterators) == 2   # two batches arrived, the third raised

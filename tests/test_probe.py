@@ -2,6 +2,7 @@
 ``sitecustomize`` it must not break. Real DataLoaders with real worker processes."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -57,6 +58,19 @@ def test_count_samples_of_any_batch_shape():
     assert count_samples(torch.tensor(3.0)) == 1
 
 
+def same_batches(a, b) -> bool:
+    """Equal batch for batch, whatever their shape (tensors, dicts, tuples, a custom batch class)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_batches(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_batches(x, y) for x, y in zip(a, b))
+    if isinstance(a, Batch):
+        return isinstance(b, Batch) and same_batches((a.x, a.y), (b.x, b.y))
+    return a == b
+
+
 @pytest.mark.parametrize("kind", ["dict", "custom", "iterable"])
 def test_profile_measures_every_batch_kind_with_workers(tmp_path, kind):
     if kind == "iterable":
@@ -68,9 +82,10 @@ def test_profile_measures_every_batch_kind_with_workers(tmp_path, kind):
     else:
         loader = DataLoader(Squares(), batch_size=8, num_workers=2)
         expected_samples = 64
+    unmeasured = list(loader)
     with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
         batches = list(loader)
-    assert batches, "the loader still yields its batches unchanged"
+    assert len(unmeasured) >= 6 and same_batches(batches, unmeasured), "the loader yields its batches unchanged"
     (summary,) = run.diagnosis.loaders
     assert summary.samples == expected_samples
     assert len(summary.worker_pids) == 2
@@ -135,23 +150,29 @@ def test_max_steps_ends_the_process_cleanly(tmp_path):
     code = """
         import torch
         from torch.utils.data import DataLoader
+        bodies = 0
         try:
             for epoch in range(1000):
                 for batch in DataLoader(list(range(100)), batch_size=2):
-                    pass
+                    bodies += 1
         finally:
-            print('finally ran')
+            print('finally ran after', bodies)
     """
     result = _run_python(code, {"PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), str(REPO)]),
                                 "GPUFEED_RUN_DIR": str(tmp_path), "GPUFEED_MAX_STEPS": "7"})
     assert result.returncode == 0, result.stderr
-    assert "finally ran" in result.stdout
+    # The 7th next() takes its batch, records it and ends the process: the loop body ran 6 times.
+    assert "finally ran after 6" in result.stdout
     assert (tmp_path / "steps-reached").exists()
+    events = [json.loads(line) for f in (tmp_path / "events").glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert sum(len(ev["rows"]) for ev in events if ev["kind"] == "steps") == 7, "the 7th batch was recorded"
 
 
 class FakeEvent:
     """Stands in for torch.cuda.Event: the 'GPU' reaches an event two steps after it is recorded,
-    and was idle for half of each host wait."""
+    and was idle for IDLE_MS between any two events (whatever the host's clocks say)."""
+
+    IDLE_MS = 1.0
 
     recorded = 0
 
@@ -169,7 +190,8 @@ class FakeEvent:
         self.synchronized = True
 
     def elapsed_time(self, end):
-        return (end.t - self.t) * 1000.0 * 0.5
+        assert end.serial == self.serial + 1, "a step's idle time is timed between its own two events"
+        return self.IDLE_MS
 
 
 def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
@@ -190,14 +212,18 @@ def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
         assert "to" in torch.Tensor.__dict__, "host-to-device copies are watched once CUDA is in use"
         assert torch.ones(2).to(torch.float64).dtype == torch.float64
     assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__, "Tensor restored"
-    assert max(resolved_during_run) > 0, "events were resolved during the run, not only at the end"
-    assert all(n <= i for i, n in enumerate(resolved_during_run)), "never ahead of the GPU"
+    # Step k's end event is reached once two more steps (4 events) are recorded: after step i
+    # (0-based) steps 0 .. i-2 are resolved, never one the fake GPU has not reached.
+    assert resolved_during_run == [max(0, i - 1) for i in range(20)], "resolved as soon as reached, never ahead"
     m = run.metrics
     assert m.cuda_used
-    assert m.gpu_idle_share == pytest.approx(0.5 * m.data_wait_share, rel=0.15)
-    assert m.cuda_mem_allocated_peak_b == 20
     rows = load_run(run.run_dir).iterators[0].cuda
     assert len(rows) == 20, "every step resolved by the end"
+    assert [row[1] for row in rows] == pytest.approx([FakeEvent.IDLE_MS / 1000.0] * 20), "the events' time, not the host's"
+    # 1 ms of GPU idle per step of ~5 ms (two samples of 2 ms, 1 ms of 'compute'), far below the data wait.
+    assert m.gpu_idle_share == pytest.approx(FakeEvent.IDLE_MS / m.step_time_p50_ms, rel=0.3)
+    assert m.gpu_idle_share < m.data_wait_share
+    assert m.cuda_mem_allocated_peak_b == 20
 
 
 def test_training_loader_is_the_one_iterated_most(tmp_path):
@@ -209,7 +235,21 @@ def test_training_loader_is_the_one_iterated_most(tmp_path):
             for _ in val:
                 pass
     summaries = {s.config["batch_size"]: s for s in run.diagnosis.loaders}
+    assert len(run.diagnosis.loaders) == 2, "each loader is summarised once, whatever its epochs"
     assert summaries[4].training and not summaries[8].training
     assert summaries[4].iterators == 2 and summaries[4].steps == 40
-    assert summaries[8].steps == 4
+    assert summaries[8].iterators == 2 and summaries[8].steps == 4
+    assert summaries[4].loader_id != summaries[8].loader_id
     assert run.metrics.steps == 40  # the window covers the training loader only
+
+
+def test_two_loaders_with_the_same_settings_are_told_apart(tmp_path):
+    """Loaders are told apart by identity, not by their settings: two alike are two loaders."""
+    first, second = DataLoader(Squares(n=40), batch_size=4), DataLoader(Squares(n=40), batch_size=4)
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        for loader in (first, second, first):
+            for _ in loader:
+                pass
+    by_steps = sorted((s.steps, s.iterators, s.loader_id) for s in run.diagnosis.loaders)
+    assert [(steps, iterators) for steps, iterators, _ in by_steps] == [(10, 1), (20, 2)]
+    assert by_steps[0][2] != by_steps[1][2]

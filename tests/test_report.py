@@ -16,7 +16,8 @@ import pytest
 from gpufeed import cli
 from gpufeed.present.report import build_report, write_report
 from gpufeed.record import schema
-from tests.browser import Chromium, chromium_path
+from tests import needs
+from tests.browser import Chromium
 from tests.synthetic import Scenario, write_run
 
 INJECTED = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
@@ -39,12 +40,7 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def browser():
-    exe = chromium_path()
-    if exe is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing on CI: scripts/test-deps.sh should have installed it")
-        pytest.skip("chromium is not installed (bash scripts/test-deps.sh installs it)")
-    with Chromium(exe) as chromium:
+    with Chromium(needs.tool("chromium", "chromium-browser")) as chromium:
         yield chromium
 
 
@@ -79,13 +75,18 @@ def test_real_run_with_an_injected_argument(tmp_path, browser):
     assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
     html = tmp_path / "run" / "report.html"
     assert html.exists() and "Report written to" in result.stdout
-    _, shown = rendered(browser, html)
+    session, shown = rendered(browser, html)
     assert shown["pwned"] is None, "a command-line argument ran as script"
     assert INJECTED in shown["text"], "the argument is shown, as text"
     assert shown["charts"] == shown["canvases"] >= 4  # cpu, wait, rate, histogram (no GPU here)
     assert {"run-0-cpu", "run-0-wait", "run-0-rate", "run-0-hist"} <= set(shown["ids"])
     assert any(m.startswith("N/A") for m in shown["missing"]), "no GPU: N/A, not a flat 0"
-    assert shown["findings"], "findings come first"
+    assert shown["findings"], "an input-bound run has findings"
+    first = browser.evaluate(session, """(() => {
+        const finding = document.querySelector('[data-finding]'), chart = document.querySelector('.uplot');
+        return Boolean(finding.compareDocumentPosition(chart) & Node.DOCUMENT_POSITION_FOLLOWING);
+    })()""")
+    assert first, "findings come first, before the charts"
     assert html.stat().st_size < 400_000
 
 
@@ -166,6 +167,7 @@ def test_tune_dir(tmp_path, browser):
     session, shown = rendered(browser, write_report(tune, tmp_path / "r.html"))
     assert "chart-tune" in shown["ids"]
     assert "Best trial: trials/04-w4-p4" in shown["text"]
+    assert_trials_plotted(browser, session, json.loads((tmp_path / "tune" / "tune.json").read_text()), own_workers=1)
     tune = browser.evaluate(session, "DATA.tune")
     assert tune["workers"] == [1, 2, 4, 8], "the script's own num_workers is read from its record"
     assert {line["label"] for line in tune["lines"]} == {"the script's own", "prefetch 2", "prefetch 4"}
@@ -187,15 +189,54 @@ def write_batch_dir(path: Path, with_fit: bool = True) -> Path:
     return path
 
 
+def chart_series(browser: Chromium, session: str, chart_id: str) -> dict[str, list]:
+    """The series a uPlot chart draws, by label: what the page shows, not what it was given."""
+    return browser.evaluate(session, f"""(() => {{
+        const [u] = charts.find(([u]) => u.root.parentElement.id === {json.dumps(chart_id)});
+        return Object.fromEntries(u.series.map((s, i) => [i ? s.label : 'x', u.data[i]]));
+    }})()""")
+
+
+GIB = 2**30
+
+
+def assert_trials_plotted(browser: Chromium, session: str, tune: dict, own_workers: int) -> None:
+    """The tune chart: one point per trial that ran, at its num_workers (``own_workers`` for the
+    script's own, null in tune.json), at its median; and the chart draws those medians."""
+    plotted = browser.evaluate(session, "DATA.tune")
+    points = sorted((w, m) for line in plotted["lines"] for w, m in zip(plotted["workers"], line["median"])
+                    if m is not None)
+    ok = [t for t in tune["trials"] if t["status"] == "ok"]
+    workers = [own_workers if t["config"]["num_workers"] is None else t["config"]["num_workers"] for t in ok]
+    expected = sorted(zip(workers, (t["samples_per_s"] for t in ok)))
+    assert [w for w, _ in expected] == [w for w, _ in points], (expected, points)
+    assert [m for _, m in expected] == pytest.approx([m for _, m in points]), (expected, points)
+    drawn = chart_series(browser, session, "chart-tune")
+    medians = [v for k, vs in drawn.items() if k != "x" and not k.endswith(("(max)", "(min)")) for v in vs]
+    assert sorted(v for v in medians if v is not None) == pytest.approx(sorted(m for _, m in points))
+
+
 def test_batch_size_dir(tmp_path, browser):
-    _, shown = rendered(browser, write_report(write_batch_dir(tmp_path / "bs"), tmp_path / "r.html"))
+    session, shown = rendered(browser, write_report(write_batch_dir(tmp_path / "bs"), tmp_path / "r.html"))
     assert {"chart-batch-mem", "chart-batch-speed"} == set(shown["ids"])
     assert "CUDA out of memory" in shown["text"]
+    assert "fit: 953.7 MiB + 47.7 MiB per sample" in shown["text"], shown["text"]
+    mem = chart_series(browser, session, "chart-batch-mem")
+    assert mem["x"] == [8, 16, 32, 64, 128]
+    assert mem["fitted line"] == pytest.approx([(1e9 + b * 5e7) / GIB for b in (8, 16, 32, 64, 128)])
+    assert mem["peak memory"][:4] == pytest.approx([(1e9 + b * 5e7) / GIB for b in (8, 16, 32, 64)])
+    assert mem["peak memory"][4] is None and mem["out of memory"] == [None] * 4 + [8.0]
+    speed = chart_series(browser, session, "chart-batch-speed")
+    assert speed["samples/s"][:4] == pytest.approx([100.0 * b ** 0.5 for b in (8, 16, 32, 64)])
 
 
 def test_batch_size_dir_without_a_fit(tmp_path, browser):
-    _, shown = rendered(browser, write_report(write_batch_dir(tmp_path / "bs", with_fit=False), tmp_path / "r.html"))
+    session, shown = rendered(browser, write_report(write_batch_dir(tmp_path / "bs", with_fit=False), tmp_path / "r.html"))
     assert {"chart-batch-mem", "chart-batch-speed"} == set(shown["ids"])
+    assert "per sample" not in shown["text"], "no fit: no fitted numbers shown"
+    mem = chart_series(browser, session, "chart-batch-mem")
+    assert "fitted line" not in mem, "no fit: no fitted line drawn"
+    assert mem["peak memory"][:4] == pytest.approx([(1e9 + b * 5e7) / GIB for b in (8, 16, 32, 64)])
 
 
 # -- bad input --------------------------------------------------------------------------------------

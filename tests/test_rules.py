@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -183,24 +184,52 @@ def test_findings_ranked_by_cost(tmp_path):
     assert costs == sorted(costs, reverse=True)
 
 
-def test_every_finding_has_evidence_and_a_fix(tmp_path):
-    for i, scenario in enumerate([STORAGE, FEW_WORKERS, SATURATED, TOO_MANY, OVERSUBSCRIBED, RESTARTS,
-                                  PAGEABLE, SAWTOOTH, HOST_BOUND, COMPUTE, NO_LOADER, STALLED]):
-        for f in analyze(write_run(tmp_path / str(i), scenario)).findings:
-            assert f.message and f.recommendation and f.evidence, f.id
-            assert f.severity in ("high", "medium", "low", "info")
+# Each scenario, and the finding it is written to produce.
+SCENARIOS = {"storage_latency": STORAGE, "too_few_workers": FEW_WORKERS, "cpu_saturated": SATURATED,
+             "too_many_workers": TOO_MANY, "thread_oversubscription": OVERSUBSCRIBED, "worker_restart": RESTARTS,
+             "pageable_transfer": PAGEABLE, "fluctuating_utilization": SAWTOOTH, "host_bound": HOST_BOUND,
+             "compute_bound": COMPUTE, "no_dataloader": NO_LOADER, "loader_stalled": STALLED}
 
 
-@pytest.mark.parametrize("scenario", [STORAGE, FEW_WORKERS, SATURATED, TOO_MANY, OVERSUBSCRIBED, RESTARTS,
-                                      NO_LOADER])
-def test_rules_survive_missing_readings(tmp_path, scenario):
+def _rendered_text(f) -> str:
+    return f"{f.message} {f.recommendation}"
+
+
+@pytest.mark.parametrize("expected", list(SCENARIOS))
+def test_every_finding_has_evidence_and_a_fix(tmp_path, expected):
+    d = diagnose(tmp_path, SCENARIOS[expected])
+    assert expected in d.finding_ids
+    for f in d.findings:
+        assert f.severity in ("high", "medium", "low", "info"), f.id
+        # The numbers that prove it: measured ones in the evidence, quoted in the message.
+        measured = {k: v for k, v in f.evidence.items() if v is not None}
+        assert any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in measured.values()), f.evidence
+        assert re.search(r"\d", f.message), f.message
+        assert all(isinstance(v, (int, float)) for v in f.thresholds.values()), f.thresholds
+        # A fix the reader can act on: a sentence, no placeholder left in it.
+        assert len(f.recommendation.split()) >= 4 and f.recommendation.rstrip().endswith((".", ")")), f.recommendation
+        assert not re.search(r"\b(None|nan|inf)\b", _rendered_text(f)), _rendered_text(f)
+
+
+@pytest.mark.parametrize("expected", ["storage_latency", "too_few_workers", "thread_oversubscription",
+                                      "worker_restart", "no_dataloader"])
+def test_rules_survive_missing_readings(tmp_path, expected):
     """No sampler timeline: host numbers are N/A, and every message still renders."""
-    run = write_run(tmp_path / "run", scenario)
+    run = write_run(tmp_path / "run", SCENARIOS[expected])
     (run / "samples.jsonl").unlink()
     d = analyze(run)
     assert d.metrics.cpu_util_pct is None
+    assert expected in d.finding_ids, "the rule needs no host reading to fire"
     for f in d.findings:
-        assert "None" not in f.message
+        assert not re.search(r"\b(None|nan)\b", _rendered_text(f)), _rendered_text(f)
+
+
+@pytest.mark.parametrize("quiet", ["cpu_saturated", "too_many_workers"])
+def test_rules_that_need_the_host_reading_stay_quiet_without_it(tmp_path, quiet):
+    """Busy cores, runnable workers: neither can be claimed unmeasured."""
+    run = write_run(tmp_path / "run", SCENARIOS[quiet])
+    (run / "samples.jsonl").unlink()
+    assert quiet not in analyze(run).finding_ids
 
 
 def test_storage_latency_on_a_host_busy_with_other_programs(tmp_path):

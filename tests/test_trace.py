@@ -13,6 +13,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from gpufeed import cli
 from gpufeed.present.trace import GPU_PID_BASE, HOST_PID, trace, write_trace
 from gpufeed.record.reader import load_run
@@ -83,6 +85,9 @@ def test_real_run(tmp_path):
     assert {"CPU %", "CPU % per core", "memory GiB"} <= by_track[HOST_PID]
     steps = [e for e in events if e["name"] == "step"]
     assert len(steps) == 20  # 160 samples in batches of 8
+    # In microseconds: each step sleeps 5 ms, and a batch takes its one worker 8 x 3 ms to read.
+    durations = sorted(e["dur"] for e in steps[:-1])
+    assert 5_000 <= durations[len(durations) // 2] <= 200_000, durations
 
 
 def test_gpu_counters_and_a_stall(tmp_path):
@@ -117,3 +122,21 @@ def test_output_that_cannot_be_written(tmp_path):
     for verb, name in (("trace", "t.json"), ("report", "r.html")):
         result = gpufeed([verb, str(run), "-o", str(tmp_path / "a-file" / name)], cwd=tmp_path)
         assert result.returncode == cli.EXIT_USAGE and "cannot write" in result.stderr, result.stderr
+
+
+def test_times_are_microseconds_and_each_data_wait_lies_in_its_step(tmp_path):
+    """Known synthetic steps: 0.5 ms in next(loader), then 10 ms of compute (Scenario's defaults)."""
+    sc = Scenario(steps_per_epoch=50, wait_s=0.0005, compute_s=0.010)
+    events = validate(write_trace(write_run(tmp_path / "run", sc), tmp_path / "t.json"))
+    steps = sorted((e for e in events if e["name"] == "step"), key=lambda e: e["ts"])
+    waits = sorted((e for e in events if e["name"] == "data wait"), key=lambda e: e["ts"])
+    assert len(steps) == len(waits) == 50
+    step_us, wait_us = (sc.wait_s + sc.compute_s) * 1e6, sc.wait_s * 1e6
+    # Each step runs from its request to the next one; the last ends at its delivery.
+    assert [s["dur"] for s in steps[:-1]] == pytest.approx([step_us] * 49, abs=0.5)
+    assert steps[-1]["dur"] == pytest.approx(wait_us, abs=0.5)
+    assert [w["dur"] for w in waits] == pytest.approx([wait_us] * 50, abs=0.5)
+    assert [b["ts"] - a["ts"] for a, b in zip(steps, steps[1:])] == pytest.approx([step_us] * 49, abs=0.5)
+    for step, wait in zip(steps, waits):
+        assert (step["pid"], step["tid"]) == (wait["pid"], wait["tid"]) == (MAIN_PID, MAIN_PID)
+        assert step["ts"] <= wait["ts"] and wait["ts"] + wait["dur"] <= step["ts"] + step["dur"] + 0.2, (step, wait)

@@ -16,6 +16,7 @@ from gpufeed.measure.inside.overrides import LoaderSettings
 from gpufeed.tune.command import CommandTrials, TuneOptions
 from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
+from tests.test_report import assert_trials_plotted, browser, rendered  # noqa: F401 (browser: a fixture)
 
 TARGET = WORKLOADS / "tune_target.py"
 
@@ -36,7 +37,7 @@ def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expec
     return out, result
 
 
-def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path):
+def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path, browser):
     out, result = tune(tmp_path, "--workers", "1", "--fail-above", "8", "--steps-per-epoch", "10",
                        options=("--max-workers", "16", "--json", str(tmp_path / "t.json"), "--report"))
     report = json.loads((tmp_path / "t.json").read_text())
@@ -63,9 +64,25 @@ def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(t
             assert [c.num_workers for s, c in configs.items() if s != train_site()] == [0]
     # The terminal shows the table, the winner, the speed-up and what to paste.
     assert "Best:" in result.stdout and "Paste: DataLoader(..., num_workers=" in result.stdout
-    assert "num_workers" in (out / "report.html").read_text()  # --report: the trials plotted
+    # --report: the trials plotted, one point per trial that ran (at its num_workers, its median).
+    session, shown = rendered(browser, out / "report.html")
+    assert "chart-tune" in shown["ids"]
+    assert_trials_plotted(browser, session, report, own_workers=1)
     config = json.loads((out / "best-config.json").read_text())
     assert config["settings"]["num_workers"] == best["config"]["num_workers"]
+    # The round trip: gpufeed run trains with best-config.json; the script's own record of the
+    # settings its loaders were built with shows them on the training loader, and only there.
+    seen = tmp_path / "seen.json"
+    run = gpufeed(["run", "--config", str(out / "best-config.json"), "--", sys.executable, str(TARGET),
+                   "--epochs", "1", "--report", str(seen)], cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert f"to the DataLoader built at {config['site']}" in run.stderr.replace("\n", "")
+    loaders = json.loads(seen.read_text())
+    assert loaders["train"]["num_workers"] == best["config"]["num_workers"] != 1
+    overridden = [k for k in loaders["train"] if config["settings"].get(k) is not None]
+    assert "num_workers" in overridden
+    assert {k: loaders["train"][k] for k in overridden} == {k: config["settings"][k] for k in overridden}
+    assert loaders["val"] == {"num_workers": 0}, "the validation loader is left alone"
 
 
 def test_run_config_applies_settings_to_the_training_loader_only(tmp_path):
@@ -159,8 +176,10 @@ def test_ctrl_c_ends_the_trial_and_prints_the_best_so_far(tmp_path):
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, COLUMNS="200"))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 4:
+    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 4 and proc.poll() is None:
         time.sleep(0.2)  # the baseline twice, then the search's own trials
+    started = len(list((out / "trials").glob("*")))
+    assert started >= 4 and proc.poll() is None, f"{started} trials started: Ctrl-C would not land in the search"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)

@@ -148,13 +148,32 @@ def test_noise_decides_ties_for_the_cheaper_configuration():
     assert len(result.best.runs) >= 2 and result.best.spread is not None
 
 
-def test_noise_is_measured_from_the_baseline_repeats():
-    result = run_search(Workload(storage_bound, noise=0.10, seed=3), start(2))
+class KnownRepeats(Workload):
+    """Every configuration's first run measures ``low`` x its rate, its second ``high`` x, any later
+    one half-way: (max - min) / median of any number of runs is then (high - low) / ((low + high) / 2)."""
+
+    def __init__(self, rate, low, high):
+        super().__init__(rate, noise=0.0)
+        self.low, self.high = low, high
+
+    def __call__(self, settings, why):
+        run = super().__call__(settings, why)
+        n = self.runs.count(settings)
+        run.samples_per_s *= self.low if n == 1 else self.high if n == 2 else (self.low + self.high) / 2
+        return run
+
+
+@pytest.mark.parametrize("low, high, noise", [
+    (1.0, 1.10, 0.10 / 1.05),   # a 10% spread between repeats: the noise is that spread
+    (1.0, 1.01, 0.03),          # 1%: below TUNE_NOISE_FLOOR (3%), the floor
+    (1.0, 1.50, 0.25),          # 50%: above TUNE_NOISE_CAP (25%), the cap
+])
+def test_noise_is_measured_from_the_repeats(low, high, noise):
+    assert (th.TUNE_NOISE_FLOOR, th.TUNE_NOISE_CAP) == (0.03, 0.25)
+    result = run_search(KnownRepeats(storage_bound, low, high), start(2))
     assert len(result.baseline.runs) >= 2
-    assert th.TUNE_NOISE_FLOOR <= result.noise <= th.TUNE_NOISE_CAP
-    spreads = sorted(t.spread for t in result.trials if t.spread is not None)
-    median = (spreads[(len(spreads) - 1) // 2] + spreads[len(spreads) // 2]) / 2
-    assert result.noise == pytest.approx(min(max(th.TUNE_NOISE_FLOOR, median), th.TUNE_NOISE_CAP))
+    assert result.baseline.spread == pytest.approx((high - low) / ((low + high) / 2))
+    assert result.noise == pytest.approx(noise)
 
 
 def test_one_disturbed_pair_of_runs_does_not_make_everything_a_tie():

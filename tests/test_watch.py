@@ -5,7 +5,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -15,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from gpufeed import cli
+from gpufeed.measure.outside.nvml import Nvml
 from gpufeed.present.watch import find_running_run, read_run, sparkline
 from gpufeed.record import schema
+from tests import needs
 from tests.synthetic import Scenario, write_run
 from tests.test_report import gpufeed
 
@@ -37,8 +38,8 @@ class Tmux:
                    f"echo $? > {self.exit_file}; sleep 30")
         self.run("new-session", "-d", "-s", "w", "-x", str(width), "-y", str(height), command)
 
-    def screen(self) -> str:
-        return self.run("capture-pane", "-p", "-t", "w")
+    def screen(self, joined: bool = False) -> str:
+        return self.run("capture-pane", "-p", *(["-J"] if joined else []), "-t", "w")
 
     def wait_for(self, pattern: str, timeout_s: float = 15.0) -> re.Match:
         deadline = time.monotonic() + timeout_s
@@ -62,10 +63,7 @@ class Tmux:
 
 @pytest.fixture
 def tmux(tmp_path):
-    if shutil.which("tmux") is None:
-        if os.environ.get("CI"):
-            pytest.fail("tmux is missing on CI: scripts/test-deps.sh should have installed it")
-        pytest.skip("tmux is not installed (bash scripts/test-deps.sh installs it)")
+    needs.tool("tmux")
     t = Tmux(tmp_path)
     yield t
     t.close()
@@ -78,8 +76,12 @@ def test_starts_refreshes_and_quits_on_q(tmux):
     assert later > first, "the screen refreshes by itself"
     screen = tmux.screen()
     assert re.search(r"CPU\s+\d+% of \d+ cores", screen) and "RAM" in screen and "iowait" in screen
-    if "NVML" in screen or "no NVIDIA" in screen or "GPU  N/A" in screen:
-        assert "GPU  N/A:" in screen, "no GPU: N/A and why, never 0%"
+    gpu_error = Nvml().error  # what this machine's NVML says, read the way watch reads it
+    if gpu_error is not None:
+        assert f"GPU  N/A: {gpu_error}" in screen, "no GPU: N/A and why"
+        assert not re.search(r"^ *(GPU *)?\d+ +\d+%", screen, re.MULTILINE), "no GPU: never a 0% GPU line"
+    else:
+        assert re.search(r"^ *0 +\d+% ", screen, re.MULTILINE), screen
     tmux.run("send-keys", "-t", "w", "q")
     assert tmux.exit_code() == 0
     assert "gpufeed watch" not in tmux.screen(), "the alternate screen is left on exit"
@@ -96,13 +98,37 @@ def test_ctrl_c_quits_cleanly(tmux):
 def test_tiny_terminal_gets_the_compact_layout(tmux):
     tmux.start("--interval 0.2", width=36, height=8)
     tmux.wait_for(r"q: quit")
-    screen = tmux.screen()
+    screen = tmux.screen(joined=True)  # lines tmux wrapped at the pane's width, joined again
     assert "CPU" in screen and "Traceback" not in screen
-    assert all(len(line) <= 36 for line in screen.splitlines())
+    assert max(len(line.rstrip()) for line in screen.splitlines()) <= 36, screen
     tmux.run("resize-window", "-t", "w", "-x", "120", "-y", "40")
     tmux.wait_for(r"gpufeed watch .* q to quit")
     tmux.run("send-keys", "-t", "w", "q")
     assert tmux.exit_code() == 0
+
+
+@pytest.mark.parametrize("gpus", ["two", "none"])
+def test_compact_layout_fits_the_width_it_is_given(tmp_path, gpus):
+    """A terminal clips what passes its right edge (the next line overwrites it): render into a
+    wide console instead, and measure what the 36 columns were given."""
+    from rich.console import Console
+
+    from gpufeed.measure.outside.sampler import Sampler
+    from gpufeed.present.watch import Dashboard
+    from tests.test_sampler import failing_nvml, fake_nvml
+
+    nvml = Nvml(module=fake_nvml() if gpus == "two" else failing_nvml())
+    sampler = Sampler(tmp_path, root_pid=os.getpid(), nvml=nvml)
+    board = Dashboard(sampler, running_run(tmp_path / "run", wait_s=0.02, fetch_cpu_s=0.002), discover=False)
+    for t in range(3):
+        board.tick(float(t))
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(board.render(36, 8, 1.0))
+    lines = console.export_text().rstrip("\n").splitlines()
+    sampler.stop()
+    assert lines[0].startswith("GPU") and lines[-1].endswith("q: quit"), lines
+    assert any(line.startswith("CPU") for line in lines) and any(line.startswith("run ") for line in lines)
+    assert max(len(line.rstrip()) for line in lines) <= 36, lines
 
 
 def running_run(path: Path, **knobs) -> Path:
@@ -161,7 +187,6 @@ def test_gpus_through_a_fake_nvml(tmp_path):
     """Two GPUs, the sawtooth on GPU 0, a process holding memory; then a reading that fails: N/A."""
     from rich.console import Console
 
-    from gpufeed.measure.outside.nvml import Nvml
     from gpufeed.measure.outside.sampler import Sampler
     from gpufeed.present.watch import Dashboard
     from tests.test_sampler import fake_nvml

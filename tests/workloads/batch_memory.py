@@ -6,7 +6,8 @@ the model) plus about ``--layers`` x 0.5 MiB per sample, while the compute stays
 gpufeed stops it (or ``--epochs`` end).
 
     python batch_memory.py [--batch-size 16] [--layers 6] [--side 64] [--epochs 1000]
-                           [--batch-sampler] [--oom] [--leak] [--val] [--device cuda]
+                           [--batch-sampler] [--oom] [--leak] [--val] [--val-every N]
+                           [--val-samples 64] [--device cuda]
 
 ``--batch-sampler`` passes a custom batch_sampler (the batch size cannot be overridden);
 ``--oom`` asks for an impossible tensor every step (fails at any batch size, even 1);
@@ -56,6 +57,9 @@ def main() -> None:
     p.add_argument("--oom", action="store_true")
     p.add_argument("--leak", action="store_true")
     p.add_argument("--val", action="store_true", help="also build a validation loader (never overridden)")
+    p.add_argument("--val-every", type=int, default=None,
+                   help="validate every N training steps (Lightning's val_check_interval) instead of each epoch")
+    p.add_argument("--val-samples", type=int, default=64)
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -67,12 +71,18 @@ def main() -> None:
         loader = DataLoader(data, batch_sampler=sampler)
     else:
         loader = DataLoader(data, batch_size=args.batch_size, shuffle=True)
-    val = DataLoader(Maps(64, args.side), batch_size=8) if args.val else None
+    val = DataLoader(Maps(args.val_samples, args.side), batch_size=8) if args.val else None
     model = WideActivations(args.layers).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     kept = []
+
+    def validate():
+        with torch.no_grad():
+            for x, _ in val:
+                model(x.to(device))
+
     for _ in range(args.epochs):
-        for x, y in loader:
+        for step, (x, y) in enumerate(loader, 1):
             x, y = x.to(device), y.to(device)
             if args.oom:  # "DefaultCPUAllocator: can't allocate memory" / "CUDA out of memory"
                 torch.empty(1 << 60, dtype=torch.uint8, device=device)
@@ -82,10 +92,10 @@ def main() -> None:
             opt.step()
             if args.leak:
                 kept.append(loss)  # the classic: the loss kept with its whole graph
-        if val is not None:
-            with torch.no_grad():
-                for x, _ in val:
-                    model(x.to(device))
+            if val is not None and args.val_every and step % args.val_every == 0:
+                validate()
+        if val is not None and not args.val_every:
+            validate()
 
 
 if __name__ == "__main__":

@@ -719,6 +719,14 @@ def _unpatch_h2d() -> None:
         _unpatch(torch.Tensor, "cuda")
 
 
+def note_process(probe: Probe) -> None:
+    """The record's ``process`` event: who this process is, and its rank under a launcher."""
+    import torch
+    probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
+                rank=_env_int(*RANK_ENV), local_rank=_env_int(*LOCAL_RANK_ENV), world_size=_env_int(*WORLD_SIZE_ENV),
+                torch_version=getattr(torch, "__version__", None))  # torch may still be importing
+
+
 def install_from_env() -> Probe | None:
     """Called when torch.utils.data is imported in a process started by ``gpufeed diagnose``
     (measure), ``gpufeed tune`` (measure, with DataLoader settings overridden) or ``gpufeed run``
@@ -738,10 +746,7 @@ def install_from_env() -> Probe | None:
                   stall_timeout_s=float(stall) if stall else None,
                   max_seconds=float(max_seconds) if max_seconds else None,
                   warmup_steps=_env_int(ENV_WARMUP_STEPS) or 0)
-    import torch
-    probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
-                rank=_env_int(*RANK_ENV), local_rank=_env_int(*LOCAL_RANK_ENV), world_size=_env_int(*WORLD_SIZE_ENV),
-                torch_version=getattr(torch, "__version__", None))  # torch may still be importing
+    note_process(probe)
     patch_torch(probe)
     overrides.patch_dataloader_init(loader_overrides, report=probe.event)
     atexit.register(probe.close)

@@ -1,0 +1,20 @@
+"""bench/gpu_check.py cannot run its checks without a GPU; what it can run here, it must: each
+GPU finding's script, tiny, on the CPU, and the checks against diagnoses with and without it."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+GPU_CHECK = Path(__file__).resolve().parent.parent / "bench" / "gpu_check.py"
+FINDINGS = ("fluctuating_utilization", "host_bound", "allocator_cache", "batch_too_small", "memory_growth")
+
+
+def test_gpu_check_dry_run():
+    result = subprocess.run([sys.executable, str(GPU_CHECK), "--dry-run"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dry run: 16 passed, 0 failed" in result.stdout, result.stdout
+    for finding in FINDINGS:
+        assert f"PASS  {finding}: {finding} with its evidence passes the check" in result.stdout
+    assert "FAIL" not in result.stdout
