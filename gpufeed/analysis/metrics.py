@@ -48,7 +48,9 @@ class Metrics:
     warmup_steps: int = 0
     samples: int = 0
     # throughput
-    samples_per_s: float | None = None
+    samples_per_s: float | None = None         # None where the batches' samples could not be counted:
+    samples_unknown: str | None = None         # ... and why; throughput is then batches_per_s
+    batches_per_s: float | None = None
     samples_per_s_consumed: float | None = None
     samples_per_s_produced: float | None = None
     loader_cpu_bound_samples_per_s: float | None = None
@@ -212,7 +214,12 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     # Samples delivered in the window (the first measured step's batch was requested at t0).
     m.samples = int(np.nansum(measured[:, 2]))
     if m.wall_s > 0:
-        m.samples_per_s_consumed = m.samples / m.wall_s
+        m.batches_per_s = len(measured) / m.wall_s
+        if np.isnan(measured[:, 2]).any():  # some batches not counted: samples/s is not claimed
+            m.samples_unknown = next((it.samples_unknown for it in its if it.samples_unknown),
+                                     "the probe could not count the samples of some batches")
+        else:
+            m.samples_per_s_consumed = m.samples / m.wall_s
     return t0, t1
 
 
@@ -270,9 +277,10 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
             t0, t1 = window
             inside = np.clip(np.minimum(rows[:, 1], t1) - np.maximum(rows[:, 0], t0), 0, None)
             m.worker_busy_share = float(inside.sum() / (m.wall_s * max(len(producers), 1)))
-            if training.worker_pids:
-                produced = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1), 3].sum()
-                m.samples_per_s_produced = float(produced / m.wall_s)
+            if training.worker_pids and m.samples_unknown is None:
+                produced = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1), 3]
+                if not np.isnan(produced).any():
+                    m.samples_per_s_produced = float(produced.sum() / m.wall_s)
         median_compute = (m.compute_p50_ms or 0.0) / 1000.0
         if median_compute > 0 and m.fetch_ms_per_batch_p50:
             m.workers_needed = max(1, math.ceil(m.fetch_ms_per_batch_p50 / 1000.0 / median_compute))

@@ -20,8 +20,11 @@ def numbers_table(d: Diagnosis) -> Table:
     table.add_column(style="bold")
     table.add_column()
     if m.steps:
-        table.add_row("Throughput", f"{fmt(m.samples_per_s, ',.0f')} samples/s over {m.steps} steps "
-                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps)")
+        rate = (f"{fmt(m.batches_per_s, ',.1f')} batches/s" if m.samples_unknown
+                else f"{fmt(m.samples_per_s, ',.0f')} samples/s")
+        unknown = f"; samples not counted: {m.samples_unknown}" if m.samples_unknown else ""
+        table.add_row("Throughput", f"{rate} over {m.steps} steps "
+                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps){unknown}")
         table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
                                    f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
                                    f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")

@@ -38,6 +38,8 @@ class IteratorRecord:
     steps: np.ndarray     # (n, 5): schema.STEP_COLUMNS
     cuda: np.ndarray      # (m, 5): schema.CUDA_COLUMNS; mem columns NaN where not sampled
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
+    samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
+    samples_unknown: str | None = None   # why some batches' samples could not be counted
 
     @property
     def key(self) -> tuple[int, int]:
@@ -180,6 +182,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
     epochs: dict[tuple[int, int], list[float]] = {}
+    unknown: dict[tuple[int, int], str] = {}
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
@@ -208,6 +211,10 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 stalls.append(ev)
             elif kind == "override":
                 overrides.append(ev)
+            elif kind == "samples_unknown":
+                unknown.setdefault(key, ev.get("reason"))
+            elif kind == "warning":
+                warnings.append(f"gpufeed in process {pid}: {ev.get('message')}")
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
                 ends[pid] = ev
@@ -229,6 +236,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             config=schema.LoaderConfig.from_dict(ev.get("config", {})),
             steps=steps, cuda=_rows(cuda_rows.get(key, []), len(schema.CUDA_COLUMNS)),
             epoch_starts=sorted(epochs.get(key, [])),
+            samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
         ))
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
                                  rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))
