@@ -32,6 +32,6 @@ def own_samples_per_s(diag: dict, own_count: Path) -> float:
     m = diag["metrics"]
     t0, t1 = m["window_start_t"], m["window_end_t"]
     rows = [json.loads(line) for line in own_count.read_text().splitlines()]
-    samples = sum(row["n"] for row in rows if t0 < row["t"] <= t1)
+    samples = sum(row["n"] for row in rows if "n" in row and t0 < row["t"] <= t1)
     assert samples > 0, "the script counted no sample inside gpufeed's window"
     return samples / (t1 - t0)
