@@ -91,6 +91,34 @@ def measure(probe_module, make_loader, blocks: int, steps: int) -> tuple[float, 
     return plain, statistics.median(times["probe"]) - plain
 
 
+def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
+    """(plain seconds per ``tensor.to(torch.float64)`` on the CPU, what the Tensor.to patch adds):
+    the cost to every .to() the script makes outside the step, once the probe watches copies."""
+    import torch
+    x = torch.zeros(16)
+
+    def block() -> float:
+        t0 = time.thread_time()
+        for _ in range(steps):
+            x.to(torch.float64)
+        return (time.thread_time() - t0) / steps
+
+    times = {"plain": [], "probe": []}
+    with tempfile.TemporaryDirectory() as run_dir:
+        probe_module._probe = probe_module.Probe(run_dir)
+        block()
+        for _ in range(blocks):
+            for variant in random.sample(["plain", "probe"], 2):
+                if variant == "probe":
+                    probe_module._patch_h2d()
+                times[variant].append(block())
+                probe_module._unpatch_h2d()
+        probe_module._probe.close()
+        probe_module._probe = None
+    plain = statistics.median(times["plain"])
+    return plain, statistics.median(times["probe"]) - plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=41)
@@ -107,6 +135,13 @@ def main() -> None:
         for label, path in versions:
             plain, cost = measure(_load_probe(path), make_loader, args.blocks, args.steps)
             print(f"| {name} | {label} | {plain * 1e6:.2f} µs | {cost * 1e6:.2f} µs |", flush=True)
+    print()
+    print("| call | probe | plain | added by the Tensor.to patch |")
+    print("|---|---|---|---|")
+    for label, path in versions:
+        plain, cost = to_cost(_load_probe(path), args.blocks, args.steps)
+        print(f"| tensor.to(torch.float64), 16 floats on the CPU | {label} | {plain * 1e6:.2f} µs | "
+              f"{cost * 1e6:.2f} µs |", flush=True)
 
 
 if __name__ == "__main__":

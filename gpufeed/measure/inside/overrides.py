@@ -19,6 +19,10 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
 ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
+# DataLoader keywords torch refuses with num_workers=0 (torch 2.x DataLoader.__init__ and
+# _SingleProcessDataLoaderIter), at the values it accepts there.
+WITHOUT_WORKERS = {"prefetch_factor": None, "persistent_workers": False, "multiprocessing_context": None,
+                   "timeout": 0}
 CONFIG_FORMAT = "gpufeed.loader-settings/1"
 # Thread-pool variables read by OpenMP, MKL, OpenBLAS and friends when a library starts its pool.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -166,8 +170,9 @@ def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, A
         if settings.worker_threads is not None:
             out["worker_init_fn"] = WorkerThreadCap(settings.worker_threads, out.get("worker_init_fn"))
     else:
-        out["prefetch_factor"] = None
-        out["persistent_workers"] = False
+        # Without workers torch refuses these (ValueError in DataLoader.__init__, or an
+        # AssertionError at the first iteration for timeout): the user's values go.
+        out.update(WITHOUT_WORKERS)
     if settings.pin_memory is not None:
         out["pin_memory"] = settings.pin_memory
     if settings.batch_size is not None:

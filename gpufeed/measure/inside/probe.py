@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from types import MethodType
 from typing import Any, Callable
 
 from gpufeed.measure.inside import overrides
@@ -911,8 +912,27 @@ def _patch_h2d() -> None:
             return out
         return copy
 
-    _patch(torch.Tensor, "to", make)
-    _patch(torch.Tensor, "cuda", make)
+    _patch(torch.Tensor, "to", lambda original: _PlainTensorsOnly(original, make(original), torch.Tensor))
+    _patch(torch.Tensor, "cuda", lambda original: _PlainTensorsOnly(original, make(original), torch.Tensor))
+
+
+class _PlainTensorsOnly:
+    """Stands in for ``Tensor.to`` / ``Tensor.cuda`` on the class: a plain tensor's call is measured;
+    everything else gets torch's own method, untouched.
+
+    ``torch.Tensor.to`` read from the class is torch's own method (torch's ``__torch_function__``
+    dispatch reads it there, and libraries keep it in sets: torchvision's tv_tensors keep their type
+    through ``.to()`` only when ``func`` is in theirs), and a tensor subclass's ``.to()`` goes straight
+    to torch, so its ``__torch_function__`` sees exactly what it would without gpufeed.
+    """
+
+    def __init__(self, original: Any, measured: Callable, plain: type) -> None:
+        self._gpufeed_original, self._measured, self._plain = original, measured, plain
+
+    def __get__(self, tensor: Any, owner: Any = None) -> Any:
+        if tensor is None or type(tensor) is not self._plain:
+            return self._gpufeed_original.__get__(tensor, owner)
+        return MethodType(self._measured, tensor)
 
 
 def _unpatch_h2d() -> None:
