@@ -27,7 +27,8 @@ def numbers_table(d: Diagnosis) -> Table:
                                     f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps){unknown}")
         table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
                                    f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
-                                   f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")
+                                   f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}, "
+                                   f"mean {fmt(m.compute_per_batch_ms, '.1f', ' ms')} per batch")
         table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
                                    f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in next(loader)")
     if d.gpu_available:

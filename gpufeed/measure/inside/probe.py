@@ -91,36 +91,42 @@ def _count_batch(batch: Any) -> int | None:
         if batch and all(isinstance(item, dict) for item in batch):
             return len(batch)
         return _agreeing(batch)
-    shape = _shape(batch)
-    if shape is not None:
-        return shape[0] if shape else None
     if isinstance(batch, dict):
         return _agreeing(batch.values())
+    count = _leading(batch)
+    if count is not _NO_SHAPE:
+        return count
     if hasattr(batch, "__dict__") and not isinstance(batch, type):
         return _agreeing(vars(batch).values())
     return None
 
 
-def _shape(value: Any) -> tuple[int, ...] | None:
-    """A tensor's or array's shape; None for anything else (a string has no shape)."""
+_NO_SHAPE = object()
+
+
+def _leading(value: Any) -> Any:
+    """A tensor's or array's leading dimension (None for a 0-dim one); ``_NO_SHAPE`` for anything else."""
+    if isinstance(value, (str, bytes)):
+        return _NO_SHAPE
     shape = getattr(value, "shape", None)
-    return None if shape is None or isinstance(value, (str, bytes)) else tuple(shape)
+    if shape is None:
+        return _NO_SHAPE
+    return int(shape[0]) if len(shape) else None
 
 
 def _field_count(field: Any, depth: int = 0) -> int | None:
-    shape = _shape(field)
-    if shape is not None:
-        return shape[0] if shape else None
     if isinstance(field, (list, tuple)):
         return len(field)
-    if depth < 2 and isinstance(field, dict):
-        return _agreeing(field.values(), depth + 1)
-    return None
+    if isinstance(field, dict):
+        return _agreeing(field.values(), depth + 1) if depth < 2 else None
+    count = _leading(field)
+    return None if count is _NO_SHAPE else count
 
 
 def _agreeing(fields: Any, depth: int = 0) -> int | None:
     """The count the fields agree on; None when they disagree or none has one."""
-    counts = {n for n in (_field_count(f, depth) for f in fields) if n is not None}
+    counts = {_field_count(f, depth) for f in fields}
+    counts.discard(None)
     return counts.pop() if len(counts) == 1 else None
 
 
