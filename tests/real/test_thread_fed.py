@@ -7,7 +7,9 @@ import json
 
 from gpufeed import cli
 from gpufeed.record.reader import load_run
-from tests.real.batch_run import diagnose
+import pytest
+
+from tests.real.batch_run import diagnose, own_samples_per_s
 
 
 def test_steps_end_a_thread_fed_loop_cleanly(tmp_path):
@@ -22,6 +24,13 @@ def test_steps_end_a_thread_fed_loop_cleanly(tmp_path):
     (training,) = [it for it in record.iterators if it.pid == main_pid]
     assert len(training.steps) >= 25, "every step up to --steps + warm-up is in the record"
     assert diag["metrics"]["steps"] >= 15
+
+
+def test_thread_fed_loop_throughput_agrees_with_the_scripts_own_count(tmp_path):
+    diag = diagnose(tmp_path, "thread_fed.py", "--epochs", "4", timeout=120)
+    assert diag["run"]["end_reason"] == "completed"
+    m = diag["metrics"]
+    assert m["samples_per_s"] == pytest.approx(own_samples_per_s(diag, tmp_path / "own.jsonl"), rel=0.05)
 
 
 def test_steps_end_a_thread_fed_loop_whose_script_owns_sigterm(tmp_path):

@@ -204,11 +204,15 @@ def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., Non
     def __init__(self, *args, **kwargs):
         site = call_site(skip)
         if overrides is not None and (overrides.site is None or site == overrides.site):
-            bound = signature.bind(self, *args, **kwargs)
-            given = {k: v for k, v in bound.arguments.items() if k != "self"}
-            args, (kwargs, refused) = (), apply(given, overrides.settings)
-            if report is not None:
-                report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
+            try:
+                bound = signature.bind(self, *args, **kwargs)
+            except TypeError:  # arguments torch refuses anyway: let torch say so, in its own words
+                bound = None
+            if bound is not None:
+                given = {k: v for k, v in bound.arguments.items() if k != "self"}
+                args, (kwargs, refused) = (), apply(given, overrides.settings)
+                if report is not None:
+                    report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
         init(self, *args, **kwargs)
         self._gpufeed_site = site  # DataLoader refuses only a few attributes after __init__; not this one
 
