@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 # A script that iterates every exotic loader the probe must survive and prints what it saw.
 EXOTIC = r'''
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 class NoLenStream(IterableDataset):          # __len__ raises, as many streaming datasets' do
     def __iter__(self):
