@@ -924,7 +924,7 @@ def _patch_h2d() -> None:
 
 class _PlainTensorsOnly:
     """Stands in for ``Tensor.to`` / ``Tensor.cuda`` on the class: a plain tensor's call is measured;
-    everything else gets torch's own method, untouched.
+    everything else (a subclass, a tensor already on the GPU) gets torch's own method, untouched.
 
     ``torch.Tensor.to`` read from the class is torch's own method (torch's ``__torch_function__``
     dispatch reads it there, and libraries keep it in sets: torchvision's tv_tensors keep their type
@@ -936,7 +936,8 @@ class _PlainTensorsOnly:
         self._gpufeed_original, self._measured, self._plain = original, measured, plain
 
     def __get__(self, tensor: Any, owner: Any = None) -> Any:
-        if tensor is None or type(tensor) is not self._plain:
+        # A tensor already on the GPU makes no host-to-device copy: torch's method, at once.
+        if tensor is None or type(tensor) is not self._plain or tensor.is_cuda:
             return self._gpufeed_original.__get__(tensor, owner)
         return MethodType(self._measured, tensor)
 
