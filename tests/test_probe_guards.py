@@ -3,6 +3,7 @@ error stops measuring that loader with a warning, the Tensor.to patch is invisib
 ``__torch_function__``, and an override to num_workers=0 drops what torch then refuses."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -172,3 +173,29 @@ def test_an_override_to_no_workers_drops_what_torch_refuses(keyword, value):
     assert [b.tolist() for b in DataLoader(**kwargs)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert set(overrides.WITHOUT_WORKERS) == {"multiprocessing_context", "prefetch_factor", "persistent_workers",
                                               "timeout"}
+
+
+def test_only_training_iterators_count_towards_the_limits(tmp_path):
+    """The agreed ``training`` slot: an evaluation loader's batches are measured but never end the run."""
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0):
+        probe = probe_module.active_probe()
+        evaluation = iter(DataLoader(list(range(12)), batch_size=2))
+        evaluation._gpufeed_state.training = False
+        assert len(list(evaluation)) == 6
+        assert probe.total_steps == 0
+        assert len(list(DataLoader(list(range(12)), batch_size=3))) == 4
+        assert probe.total_steps == 4
+
+
+def test_the_stall_watch_sees_any_iterator_waiting(tmp_path):
+    """Per iterator, so a loader stuck in one thread is seen while another thread's loader runs."""
+    probe = probe_module.Probe(str(tmp_path), stall_timeout_s=0.5, flush_interval_s=60)
+    try:
+        busy, stuck = probe_module._IteratorState(probe, 0, [11]), probe_module._IteratorState(probe, 1, [12])
+        probe._iterators += [busy, stuck]
+        stuck.waiting_since = probe_module._clock() - 1.0
+        probe._check_stall()
+        stall = json.loads((tmp_path / "stall.json").read_text())
+        assert stall["iter_id"] == 1 and stall["worker_pids"] == [12] and stall["waited_s"] >= 1.0
+    finally:
+        probe.close()
