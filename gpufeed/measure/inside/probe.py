@@ -83,11 +83,14 @@ def _count_batch(batch: Any) -> int | None:
     if isinstance(batch, (list, tuple)):
         shapes = [getattr(item, "shape", None) for item in batch]
         if len(batch) > 1 and None not in shapes:
-            leading = {tuple(s)[:1] for s in shapes}
-            if len(leading) > 1:
-                return len(batch)
-            first = leading.pop()
-            return first[0] if first and len(set(map(tuple, shapes))) > 1 else None
+            first = tuple(shapes[0])
+            leading, same = (first[0] if first else None), True
+            for shape in shapes[1:]:
+                shape = tuple(shape)
+                if (shape[0] if shape else None) != leading:
+                    return len(batch)      # different lengths: one sample each
+                same = same and shape == first
+            return None if same else leading
         if batch and all(isinstance(item, dict) for item in batch):
             return len(batch)
         return _agreeing(batch)
