@@ -45,7 +45,7 @@ def run_variant(variant: str, mode: str, steps: int, threads: int, tmp: Path) ->
     return result["samples_per_s"], sampler_share
 
 
-def hot_path_cost(blocks: int = 30, steps_per_block: int = 400) -> dict:
+def hot_path_cost(blocks: int = 60, steps_per_block: int = 400) -> dict:
     """The probe's own cost per step, measured in one process: blocks of the same loop alternate
     between instrumented and plain, so process-to-process noise (memory layout, clocks) cancels.
     Timed in the loop thread's CPU time (the probe's once-a-second flush thread is not in it)."""
@@ -150,7 +150,7 @@ def main() -> None:
     hot = hot_path_cost()
     lines += [
         "",
-        "The probe's hot path alone, in one process (30 alternating blocks of 400 steps, "
+        "The probe's hot path alone, in one process (60 alternating blocks of 400 steps, "
         f"num_workers=0, one thread, the loop thread's CPU time): {hot['cost_us']:.1f} µs per step on a {hot['step_us']:.0f} µs step "
         f"({hot['cost_share']:+.2%}).",
     ]
