@@ -199,3 +199,22 @@ def test_the_stall_watch_sees_any_iterator_waiting(tmp_path):
         assert stall["iter_id"] == 1 and stall["worker_pids"] == [12] and stall["waited_s"] >= 1.0
     finally:
         probe.close()
+
+
+class PatchSeen(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return "to" in torch.Tensor.__dict__
+
+
+def test_workers_do_not_inherit_the_tensor_to_patch(tmp_path, monkeypatch):
+    """A forked worker's .to() calls (its transforms') are not the loop's copies: torch's own method."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", None)  # no events: timing off, the copy patch stays
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0):
+        loader = DataLoader(PatchSeen(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+        list(loader)  # CUDA is seen at this iterator: the patch goes in
+        assert "to" in torch.Tensor.__dict__
+        assert list(loader) == [False] * 4, "the workers forked after the patch use torch's own .to()"

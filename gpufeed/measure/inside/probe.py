@@ -224,6 +224,9 @@ class Probe:
     def start_in_worker(self) -> None:
         """In a DataLoader worker (forked or spawned), before its loop: time each batch it makes."""
         self.ensure_this_process()
+        # A forked worker inherits the training process's Tensor.to patch: its copies are not the
+        # loop's (and its transforms' .to() calls must not pay for it).
+        _unpatch_h2d()
         # Private memory at the worker's start: what it has copied of its parent's pages by its
         # exit (reading Python objects touches their reference counts) is the copy-on-read growth.
         self.event("memory", t=_clock(), uss_start_b=private_memory_b())
@@ -303,7 +306,8 @@ class Probe:
             worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
             state = _IteratorState(self, next(self._iter_ids), worker_pids)
             _plan_counting(state, iterator, loader)
-            state.detailed = state.detailed or _cuda_in_use()
+            cuda = _cuda_in_use()  # looked at for every new iterator (and every CUDA_CHECK_EVERY steps)
+            state.detailed = state.detailed or cuda
             config = loader_config(loader)
         except Exception as error:  # an exotic loader is left unmeasured, never broken
             self.warn(f"DataLoader {loader_id} is not measured: {_describe(error)}")
