@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_worker_info
 
 import gpufeed
+from gpufeed.record.reader import load_run
 from gpufeed.measure.inside.probe import count_samples
 
 
@@ -160,3 +161,15 @@ def test_batches_no_rule_is_sure_of_are_not_claimed_as_samples(tmp_path):
     assert m.samples_per_s is None
     assert m.batches_per_s == pytest.approx(m.steps / m.wall_s)
     assert "batch_size=None" in m.samples_unknown and "list of 4 tensors" in m.samples_unknown
+
+
+def test_custom_batch_sampler_with_persistent_workers_over_epochs(tmp_path):
+    """Workers get their first index lists inside the iterator's construction, and again at each
+    epoch's reset: every batch's count still matches its own."""
+    loader = DataLoader(Items(), batch_sampler=Buckets(), num_workers=2, persistent_workers=True,
+                        collate_fn=detection_collate)
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        seen = [len(images) for _ in range(3) for images, _targets in loader]
+    (iterator,) = load_run(run.run_dir).iterators
+    assert iterator.steps[:, 3].tolist() == seen, "each batch counted as what it holds, in order"
+    assert sum(seen) == 3 * BUCKET_SAMPLES
