@@ -57,6 +57,9 @@ MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
 # Whether the training process has started using CUDA is looked at once every this many steps
 # (and at each new iterator), not at every step: it costs more than the rest of the hot path.
 CUDA_CHECK_EVERY = 16
+# --steps reached in a thread that feeds the loop: how long its own ending may take before the
+# main thread is asked to end anyway.
+FEEDER_EXIT_WAIT_S = 5.0
 
 _clock = time.perf_counter
 
@@ -1047,6 +1050,15 @@ def _stop_main_thread() -> None:
     main = threading.main_thread()
     if not main.is_alive() or main.ident is None:
         return
+    # Only once this thread has ended (its SystemExit unwinds its frames, so its DataLoader iterator
+    # shuts its workers down): a main thread that exits first leaves this one inside torch during
+    # interpreter shutdown, and the process aborts ("terminate called without an active exception").
+    feeder = threading.current_thread()
+    threading.Thread(target=_end_main_after, args=(feeder, main), name="gpufeed-stop", daemon=True).start()
+
+
+def _end_main_after(feeder: threading.Thread, main: threading.Thread) -> None:
+    feeder.join(timeout=FEEDER_EXIT_WAIT_S)
     try:
         if _ends_main_thread is not None and signal.getsignal(signal.SIGTERM) is _ends_main_thread:
             signal.pthread_kill(main.ident, signal.SIGTERM)
