@@ -19,7 +19,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 
 ``process``   pid, ppid, argv, rank, local_rank, world_size (from torchrun's RANK etc., else
               SLURM's, Open MPI's or PMI's variables; null when none is set), torch_version, t
-``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields)
+``iterator``  pid, iter_id, loader_id, t_created, t_ready, worker_pids, config (LoaderConfig fields),
+              samples_from (how its batches' samples are counted: docs/run-record.md)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
               process CPU time inside next() for one batch in 8 when num_workers=0 (the batch is
@@ -34,6 +35,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
               cuda_mem_reserved_peak_b, cuda_mem_total_b
 ``memory``    pid, t, uss_start_b: a DataLoader worker's private memory at its start
+``samples_unknown``  pid, iter_id, reason: why some batches' samples could not be counted
+``warning``   pid, t, message: a problem of gpufeed's own (a loader it stopped measuring)
 
 Sample lines (``samples.jsonl``)::
 
