@@ -16,7 +16,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 
 import gpufeed
 from gpufeed.measure.inside import probe as probe_module
-from gpufeed.measure.inside.probe import count_samples
 from gpufeed.measure.runner import BOOTSTRAP_DIR
 from gpufeed.record.reader import load_run
 
@@ -47,15 +46,6 @@ class Batch:
     def __init__(self, items):
         self.x = torch.stack([it["x"] for it in items])
         self.y = torch.tensor([it["y"] for it in items])
-
-
-def test_count_samples_of_any_batch_shape():
-    assert count_samples(torch.zeros(7, 3)) == 7
-    assert count_samples((torch.zeros(5), torch.zeros(5))) == 5
-    assert count_samples({"meta": "id", "x": torch.zeros(4, 2)}) == 4
-    assert count_samples(Batch([{"x": torch.zeros(3), "y": 1}] * 6)) == 6
-    assert count_samples("text") is None
-    assert count_samples(torch.tensor(3.0)) == 1
 
 
 def same_batches(a, b) -> bool:

@@ -64,7 +64,9 @@ class Metrics:
     warmup_steps: int = 0
     samples: int = 0
     # throughput
-    samples_per_s: float | None = None
+    samples_per_s: float | None = None         # None where the batches' samples could not be counted:
+    samples_unknown: str | None = None         # ... and why; throughput is then batches_per_s
+    batches_per_s: float | None = None
     samples_per_s_consumed: float | None = None
     samples_per_s_produced: float | None = None
     loader_cpu_bound_samples_per_s: float | None = None
@@ -74,7 +76,8 @@ class Metrics:
     step_time_p90_ms: float | None = None
     data_wait_p50_ms: float | None = None
     data_wait_p90_ms: float | None = None
-    compute_p50_ms: float | None = None
+    compute_p50_ms: float | None = None        # per batch: from its delivery to the next request, less other loaders' waits
+    compute_per_batch_ms: float | None = None  # the mean of that: right when one step takes several batches
     data_wait_share: float | None = None
     # the GPU: only the GPUs the job used (``analysis/gpus.py``), never others on the host
     gpu_indices: list[int] = field(default_factory=list)   # NVML indices
@@ -215,13 +218,20 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     """Step time, data wait and throughput of the training loader, after warm-up."""
     # Per step: request, delivery, samples, and the next request of the same iterator (the end of
     # the step's compute). The last step of an iterator has no next request: no compute time.
+    # A step that waits on another loader too (a GAN's second loader, a loop over two datasets)
+    # spends that wait outside this loader's compute: it is taken out of the step's compute.
+    # (Evaluation loaders' waits are not: an evaluation pass is taken out whole, see evaluation_pauses.)
+    own = {it.key for it in its}
+    others = _wait_intervals([it for it in record.iterators
+                              if it.pid == its[0].pid and it.key not in own and it.role != schema.ROLE_EVAL])
     rows = []
     for it in its:
         s = it.steps
         if not len(s):
             continue
         next_req = np.append(s[1:, 1], np.nan)
-        rows.append(np.column_stack([s[:, 1], s[:, 2], s[:, 3], next_req]))
+        other_wait = _waited_before(others, next_req) - _waited_before(others, s[:, 2])
+        rows.append(np.column_stack([s[:, 1], s[:, 2], s[:, 3], next_req, np.nan_to_num(other_wait)]))
     steps = np.concatenate(rows)
     steps = steps[np.argsort(steps[:, 0], kind="stable")]
     warmup = min(record.meta.warmup_steps, max(len(steps) - 2, 0))
@@ -243,10 +253,14 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     paused = sum(np.clip(np.minimum(measured[:, 3], b) - np.maximum(measured[:, 1], a), 0, None) for a, b in pauses)
     wait = measured[:, 1] - measured[:, 0]
     step = measured[:, 3] - measured[:, 0] - paused
-    compute = measured[:, 3] - measured[:, 1] - paused
+    compute = measured[:, 3] - measured[:, 1] - paused - measured[:, 4]
     m.step_time_p50_ms, m.step_time_p90_ms = (_ms(_pct(step, q)) for q in (50, 90))
     m.data_wait_p50_ms, m.data_wait_p90_ms = (_ms(_pct(wait, q)) for q in (50, 90))
     m.compute_p50_ms = _ms(_pct(compute, 50))
+    # Several batches per optimizer step (gradient accumulation, a GAN's critic steps) make the
+    # per-batch compute uneven (near 0 between two next() calls, the whole step after the last):
+    # its median can be anything, its mean is the time the loop spends on each batch.
+    m.compute_per_batch_ms = _ms(_mean(compute))
     # Every data wait of the training process but its evaluation loaders' counts (a second
     # training loader too): the GPU idles either way.
     all_wait = sum(float(np.clip(np.minimum(it.steps[:, 2], t1) - np.maximum(it.steps[:, 1], t0), 0, None).sum())
@@ -256,7 +270,12 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     # Samples delivered in the window (the first measured step's batch was requested at t0).
     m.samples = int(np.nansum(measured[:, 2]))
     if m.wall_s > 0:
-        m.samples_per_s_consumed = m.samples / m.wall_s
+        m.batches_per_s = len(measured) / m.wall_s
+        if np.isnan(measured[:, 2]).any():  # some batches not counted: samples/s is not claimed
+            m.samples_unknown = next((it.samples_unknown for it in its if it.samples_unknown),
+                                     "the probe could not count the samples of some batches")
+        else:
+            m.samples_per_s_consumed = m.samples / m.wall_s
     return t0, t1
 
 
@@ -285,6 +304,27 @@ def merge_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             merged.append((a, b))
     return merged
+
+
+def _wait_intervals(its: list[IteratorRecord]) -> np.ndarray:
+    """(start, end, waited before start) of every next() of these iterators, sorted by start."""
+    steps = [it.steps[:, 1:3] for it in its if len(it.steps)]
+    if not steps:
+        return np.empty((0, 3))
+    spans = np.concatenate(steps)
+    spans = spans[np.argsort(spans[:, 0], kind="stable")]
+    before = np.concatenate([[0.0], np.cumsum(spans[:, 1] - spans[:, 0])[:-1]])
+    return np.column_stack([spans, before])
+
+
+def _waited_before(intervals: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Time spent inside ``intervals`` (from ``_wait_intervals``) before each time in ``t``."""
+    if not len(intervals):
+        return np.zeros(len(t))
+    k = np.searchsorted(intervals[:, 0], t, side="right") - 1
+    inside = np.clip(t - intervals[np.maximum(k, 0), 0], 0.0,
+                     intervals[np.maximum(k, 0), 1] - intervals[np.maximum(k, 0), 0])
+    return np.where(k >= 0, intervals[np.maximum(k, 0), 2] + inside, 0.0)
 
 
 def _whole_epochs(its: list[IteratorRecord], t0: float, t1: float) -> tuple[float, float] | None:
@@ -341,12 +381,14 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
             t0, t1 = window
             inside = np.clip(np.minimum(rows[:, 1], t1) - np.maximum(rows[:, 0], t0), 0, None)
             m.worker_busy_share = float(inside.sum() / (m.wall_s * max(len(producers), 1)))
-            if training.worker_pids:
-                produced = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1), 3].sum()
-                m.samples_per_s_produced = float(produced / m.wall_s)
-        median_compute = (m.compute_p50_ms or 0.0) / 1000.0
-        if median_compute > 0 and m.fetch_ms_per_batch_p50:
-            m.workers_needed = max(1, math.ceil(m.fetch_ms_per_batch_p50 / 1000.0 / median_compute))
+            if training.worker_pids and m.samples_unknown is None:
+                produced = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1), 3]
+                if not np.isnan(produced).any():
+                    m.samples_per_s_produced = float(produced.sum() / m.wall_s)
+        # Workers that keep up make one batch per batch's worth of compute (a mean: see above).
+        compute_per_batch = (m.compute_per_batch_ms or 0.0) / 1000.0
+        if compute_per_batch > 0 and m.fetch_ms_per_batch_p50:
+            m.workers_needed = max(1, math.ceil(m.fetch_ms_per_batch_p50 / 1000.0 / compute_per_batch))
 
     rates = [r for r in (m.samples_per_s_consumed, m.samples_per_s_produced) if r is not None]
     m.samples_per_s = min(rates) if rates else None

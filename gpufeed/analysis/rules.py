@@ -66,6 +66,7 @@ def _wait_sentence(m: Metrics) -> str:
 def _wait_evidence(m: Metrics) -> dict:
     return {"data_wait_share": m.data_wait_share, "step_time_p50_ms": m.step_time_p50_ms,
             "data_wait_p50_ms": m.data_wait_p50_ms, "compute_p50_ms": m.compute_p50_ms,
+            "compute_per_batch_ms": m.compute_per_batch_ms,
             "samples_per_s": m.samples_per_s, "gpu_idle_share": m.gpu_idle_share}
 
 

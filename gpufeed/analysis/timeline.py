@@ -55,7 +55,8 @@ def _window(proc: dict, steps: np.ndarray, done: int) -> Window:
     wait = float((steps[:, 1] - steps[:, 0]).sum())
     return Window(rank=proc.get("rank"), pid=proc["pid"], host=proc.get("host"), steps_done=done,
                   t_end=float(steps[-1, 1]), data_wait_share=wait / wall if wall > 0 else None,
-                  samples_per_s=float(np.nansum(steps[:, 2])) / wall if wall > 0 else None)
+                  samples_per_s=float(steps[:, 2].sum()) / wall if wall > 0 and not np.isnan(steps[:, 2]).any()
+                  else None)  # None also when some batches' samples were not counted
 
 
 def step_windows(record: RunRecord, every: int = 10) -> list[Window]:

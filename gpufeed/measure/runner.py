@@ -36,6 +36,9 @@ TERMINATE_GRACE_S = 3.0   # time between SIGTERM and SIGKILL
 LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
 STDERR_TAIL_LINES = 20
 POLL_S = 0.05
+# Time the command gets to end by itself once the probe has reached --steps (it asks the process
+# to exit; a loop fed from a thread may not hear it at once, and must not keep gpufeed waiting).
+STEPS_REACHED_GRACE_S = 10.0
 
 
 class CommandNotStarted(Exception):
@@ -195,13 +198,20 @@ class _Run:
 
     def _wait(self, child: subprocess.Popen, sampler: Sampler) -> str | None:
         stall_marker = self.run_dir / schema.STALL_MARKER
+        steps_marker = self.run_dir / schema.STEPS_REACHED_MARKER
         deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s else None
+        steps_reached_at = None
         while child.poll() is None:
             if stall_marker.exists():
                 self._record_stall(stall_marker, sampler)
                 return schema.END_STALLED
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
                 return schema.END_TIMED_OUT
+            if steps_reached_at is None and steps_marker.exists():
+                steps_reached_at = now
+            elif steps_reached_at is not None and now - steps_reached_at > STEPS_REACHED_GRACE_S:
+                return schema.END_STEPS_REACHED  # the command did not end when asked: end it
             time.sleep(POLL_S)
         return None
 

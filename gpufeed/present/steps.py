@@ -37,16 +37,18 @@ def rolling_samples_per_s(steps: np.ndarray, window: int = 10) -> np.ndarray:
         return rate
     deliver = steps[:, T_DELIVER]
     cum = np.cumsum(np.nan_to_num(steps[:, SAMPLES]))
+    uncounted = np.cumsum(np.isnan(steps[:, SAMPLES]))  # batches whose samples are unknown: no rate
     i = np.arange(1, len(steps))
     j = np.maximum(0, i - window)
     dt = deliver[i] - deliver[j]
     with np.errstate(divide="ignore", invalid="ignore"):
-        rate[1:] = np.where(dt > 0, (cum[i] - cum[j]) / dt, np.nan)
+        rate[1:] = np.where((dt > 0) & (uncounted[i] == uncounted[j]), (cum[i] - cum[j]) / dt, np.nan)
     return rate
 
 
 def recent(steps: np.ndarray, seconds: float) -> tuple[float | None, float | None]:
-    """(samples/s, data-wait share) over the last ``seconds`` of deliveries; None when too few steps."""
+    """(samples/s, data-wait share) over the last ``seconds`` of deliveries; None when too few steps
+    (samples/s None also when some batches' samples could not be counted)."""
     if len(steps) < 2:
         return None, None
     last = steps[:, T_DELIVER].max()
@@ -56,6 +58,6 @@ def recent(steps: np.ndarray, seconds: float) -> tuple[float | None, float | Non
     span = last - inside[0, T_DELIVER]
     if span <= 0:
         return None, None
-    samples = float(np.nansum(inside[1:, SAMPLES]))
+    samples = None if np.isnan(inside[1:, SAMPLES]).any() else float(inside[1:, SAMPLES].sum())
     wait = float(np.clip(inside[1:, T_DELIVER] - inside[1:, T_REQUEST], 0, None).sum())
-    return samples / span, min(1.0, wait / span)
+    return None if samples is None else samples / span, min(1.0, wait / span)

@@ -22,9 +22,12 @@ def numbers_table(d: Diagnosis) -> Table:
     table.add_column(style="bold")
     table.add_column()
     if m.steps:
+        rate = (f"{fmt(m.batches_per_s, ',.1f')} batches/s" if m.samples_unknown
+                else f"{fmt(m.samples_per_s, ',.0f')} samples/s")
+        unknown = f"; samples not counted: {m.samples_unknown}" if m.samples_unknown else ""
         evaluation = f"; {m.eval_s:.1f} s of evaluation left out" if m.eval_s else ""
-        table.add_row("Throughput", f"{fmt(m.samples_per_s, ',.0f')} samples/s over {m.steps} steps "
-                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps{evaluation})")
+        table.add_row("Throughput", f"{rate} over {m.steps} steps "
+                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps{evaluation}){unknown}")
         training = next((s for s in d.loaders if s.training), None)
         if training is not None and training.config.get("site"):
             built = f", built {training.rebuilt} times" if training.rebuilt > 1 else ""
@@ -32,7 +35,8 @@ def numbers_table(d: Diagnosis) -> Table:
                                       f"{training.role_why or 'iterated most'}")
         table.add_row("Step time", f"p50 {fmt(m.step_time_p50_ms, '.1f', ' ms')} · "
                                    f"p90 {fmt(m.step_time_p90_ms, '.1f', ' ms')} · "
-                                   f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}")
+                                   f"compute p50 {fmt(m.compute_p50_ms, '.1f', ' ms')}, "
+                                   f"mean {fmt(m.compute_per_batch_ms, '.1f', ' ms')} per batch")
         tf_data = any(s.training and s.config.get("sampler") == "tf.data" for s in d.loaders)
         table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
                                    f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in "

@@ -40,6 +40,8 @@ class IteratorRecord:
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
     role: str | None = None           # schema.ROLE_TRAIN / ROLE_EVAL; None in records older than roles
     role_why: str | None = None       # the evidence for the role, in words
+    samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
+    samples_unknown: str | None = None   # why some batches' samples could not be counted
 
     @property
     def key(self) -> tuple[int, int]:
@@ -189,6 +191,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
     epochs: dict[tuple[int, int], list[float]] = {}
+    unknown: dict[tuple[int, int], str] = {}
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
@@ -225,6 +228,10 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 tf_profiles.append(ev)
                 if ev.get("error"):
                     warnings.append(f"TensorFlow's profiler gave no input waits in pid {pid}: {ev['error']}")
+            elif kind == "samples_unknown":
+                unknown.setdefault(key, ev.get("reason"))
+            elif kind == "warning":
+                warnings.append(f"gpufeed in process {pid}: {ev.get('message')}")
             elif kind == "exit":
                 exits[pid] = ev.get("reason")
                 ends[pid] = ev
@@ -247,6 +254,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             steps=steps, cuda=_rows(cuda_rows.get(key, []), len(schema.CUDA_COLUMNS)),
             epoch_starts=sorted(epochs.get(key, [])),
             role=ev.get("role"), role_why=ev.get("role_why"),
+            samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
         ))
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
                                  rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))

@@ -22,7 +22,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               SLURM's, Open MPI's or PMI's variables; null when none is set), torch_version, t
 ``iterator``  pid, iter_id, loader_id (one per DataLoader object, never reused), t_created, t_ready,
               worker_pids, role ("train" or "eval"; absent in older records), role_why (its evidence),
-              config (LoaderConfig fields)
+              config (LoaderConfig fields), samples_from (how its batches' samples are counted:
+              docs/run-record.md)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
               process CPU time inside next() for one batch in 8 when num_workers=0 (the batch is
@@ -43,6 +44,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               TensorFlow process's tf.data pipeline (its iterator and steps events come from
               TensorFlow's profiler trace, kept in tf-profile/<pid>/)
 ``tf_profile`` pid, t_start, t_end, path, error: the window the profiler ran in
+``samples_unknown``  pid, iter_id, reason: why some batches' samples could not be counted
+``warning``   pid, t, message: a problem of gpufeed's own (a loader it stopped measuring)
 
 Sample lines (``samples.jsonl``)::
 

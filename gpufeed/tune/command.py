@@ -97,6 +97,10 @@ class CommandTrials:
         if end not in (schema.END_COMPLETED, schema.END_STEPS_REACHED):
             return TrialRun(FAILED, None, elapsed, relative, result.meta.message, diagnosis)
         rate = diagnosis.metrics.samples_per_s
+        if rate is None and diagnosis.metrics.samples_unknown:
+            # Batches the dataset builds itself (batch_size=None), uncounted: their size is the
+            # script's, the same in every trial, so batches/s ranks the trials as samples/s would.
+            rate = diagnosis.metrics.batches_per_s
         if rate is None:
             return TrialRun(FAILED, None, elapsed, relative, _why_unmeasured(diagnosis), diagnosis)
         if self.baseline is not None:

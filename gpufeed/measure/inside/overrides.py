@@ -21,6 +21,10 @@ from typing import Any, Callable
 from gpufeed.measure.inside import roles
 
 ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
+# DataLoader keywords torch refuses with num_workers=0 (torch 2.x DataLoader.__init__ and
+# _SingleProcessDataLoaderIter), at the values it accepts there.
+WITHOUT_WORKERS = {"prefetch_factor": None, "persistent_workers": False, "multiprocessing_context": None,
+                   "timeout": 0}
 CONFIG_FORMAT = "gpufeed.loader-settings/1"
 # Thread-pool variables read by OpenMP, MKL, OpenBLAS and friends when a library starts its pool.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -219,8 +223,9 @@ def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, A
         if settings.worker_threads is not None:
             out["worker_init_fn"] = WorkerThreadCap(settings.worker_threads, out.get("worker_init_fn"))
     else:
-        out["prefetch_factor"] = None
-        out["persistent_workers"] = False
+        # Without workers torch refuses these (ValueError in DataLoader.__init__, or an
+        # AssertionError at the first iteration for timeout): the user's values go.
+        out.update(WITHOUT_WORKERS)
     if settings.pin_memory is not None:
         out["pin_memory"] = settings.pin_memory
     if settings.batch_size is not None:
@@ -261,12 +266,16 @@ def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., Non
         built_as = found[0] if found else user.pop("origin_built_as", None)
         user.pop("origin_built_as", None)
         if overrides is not None and overrides.matches(site, user["user_stack"], built_as):
-            bound = signature.bind(self, *args, **kwargs)
-            given = {k: v for k, v in bound.arguments.items() if k != "self"}
-            args, (kwargs, refused) = (), apply(given, overrides.settings)
-            applied.note(site, refused)
-            if report is not None:
-                report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
+            try:
+                bound = signature.bind(self, *args, **kwargs)
+            except TypeError:  # arguments torch refuses anyway: let torch say so, in its own words
+                bound = None
+            if bound is not None:
+                given = {k: v for k, v in bound.arguments.items() if k != "self"}
+                args, (kwargs, refused) = (), apply(given, overrides.settings)
+                applied.note(site, refused)
+                if report is not None:
+                    report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
         elif overrides is not None:
             applied.missed(site)
         init(self, *args, **kwargs)

@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from types import MethodType
 from typing import Any, Callable
 
 from gpufeed.measure.inside import overrides, roles
@@ -53,6 +54,12 @@ MAX_PENDING_CUDA_STEPS = 256  # unresolved CUDA event pairs kept before the olde
 # Reading process CPU time is a system call (~0.6 us): workers take it for every batch; the training
 # process (num_workers=0, where it is on the step's critical path) for one batch in this many.
 MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
+# Whether the training process has started using CUDA is looked at once every this many steps
+# (and at each new iterator), not at every step: it costs more than the rest of the hot path.
+CUDA_CHECK_EVERY = 16
+# --steps reached in a thread that feeds the loop: how long its own ending may take before the
+# main thread is asked to end anyway.
+FEEDER_EXIT_WAIT_S = 5.0
 
 _clock = time.perf_counter
 # One id per DataLoader object, kept on the object: never reused after garbage collection (a loader
@@ -60,50 +67,115 @@ _clock = time.perf_counter
 _loader_ids = itertools.count()
 
 
-def count_samples(batch: Any, depth: int = 0) -> int | None:
-    """Leading dimension of the first tensor in a batch of any shape (tensor, tuple, dict, object)."""
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        return int(shape[0]) if len(shape) else 1
-    if depth > 3:
+def count_samples(batch: Any) -> int | None:
+    """Samples in a batch the dataset built itself (automatic batching off, ``batch_size=None``), by
+    the rule documented in docs/run-record.md ("What a sample is"); ``None`` where no rule is sure.
+
+    - a tensor or array: its leading dimension (a 0-dim tensor is not a batch);
+    - a dict, or an object's attributes: its fields, whose counts must agree;
+    - a list or tuple of tensors: fields when their leading dimensions agree and their shapes differ
+      (``(x[B, ...], y[B])``); one sample each when their leading dimensions differ (variable-size
+      samples); all of one shape, they could be either: not sure;
+    - any other list or tuple: fields, whose counts must agree (a field that is itself a list or
+      tuple counts its items: the tuples of ``tuple(zip(*batch))``); a list of dicts: one sample each.
+    """
+    try:
+        return _count_batch(batch)
+    except Exception:  # an exotic batch: not counted, never an error in the user's loop
         return None
+
+
+def _count_batch(batch: Any) -> int | None:
+    if isinstance(batch, (list, tuple)):
+        shapes = [getattr(item, "shape", None) for item in batch]
+        if len(batch) > 1 and None not in shapes:
+            first = tuple(shapes[0])
+            leading, same = (first[0] if first else None), True
+            for shape in shapes[1:]:
+                shape = tuple(shape)
+                if (shape[0] if shape else None) != leading:
+                    return len(batch)      # different lengths: one sample each
+                same = same and shape == first
+            return None if same else leading
+        if batch and all(isinstance(item, dict) for item in batch):
+            return len(batch)
+        return _agreeing(batch)
     if isinstance(batch, dict):
-        items = batch.values()
-    elif isinstance(batch, (list, tuple)):
-        items = batch
-    elif hasattr(batch, "__dict__"):
-        items = vars(batch).values()
-    else:
-        return None
-    for item in items:
-        n = count_samples(item, depth + 1)
-        if n is not None:
-            return n
+        return _agreeing(batch.values())
+    count = _leading(batch)
+    if count is not _NO_SHAPE:
+        return count
+    if hasattr(batch, "__dict__") and not isinstance(batch, type):
+        return _agreeing(vars(batch).values())
     return None
+
+
+_NO_SHAPE = object()
+
+
+def _leading(value: Any) -> Any:
+    """A tensor's or array's leading dimension (None for a 0-dim one); ``_NO_SHAPE`` for anything else."""
+    if isinstance(value, (str, bytes)):
+        return _NO_SHAPE
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return _NO_SHAPE
+    return int(shape[0]) if len(shape) else None
+
+
+def _field_count(field: Any, depth: int = 0) -> int | None:
+    if isinstance(field, (list, tuple)):
+        return len(field)
+    if isinstance(field, dict):
+        return _agreeing(field.values(), depth + 1) if depth < 2 else None
+    count = _leading(field)
+    return None if count is _NO_SHAPE else count
+
+
+def _agreeing(fields: Any, depth: int = 0) -> int | None:
+    """The count the fields agree on; None when they disagree or none has one."""
+    counts = {_field_count(f, depth) for f in fields}
+    counts.discard(None)
+    return counts.pop() if len(counts) == 1 else None
+
+
+# How the probe counts the samples of a loader's batches (the ``samples_from`` of its iterator event).
+FROM_BATCH_SIZE = "batch_size"        # torch's BatchSampler: batch_size each, the epoch's last from the sampler's length
+FROM_BATCH_SAMPLER = "batch_sampler"  # another batch sampler: the length of each list of indices it gives
+FROM_COLLATED = "collated"            # an IterableDataset with batch_size: the items each batch was made of
+FROM_BATCH = "batch"                  # batch_size=None: the dataset built the batch; count_samples' rule
 
 
 class _IteratorState:
     """What the probe keeps per DataLoader iterator; attached to the iterator object."""
 
-    __slots__ = ("iter_id", "next_index", "rows", "samples_per_batch", "cuda_pending", "cuda_rows",
-                 "last_memory_t", "worker_pids", "done", "in_process", "last_index", "training", "__weakref__")
+    __slots__ = ("probe", "iter_id", "next_index", "rows", "samples", "last_index", "last_samples",
+                 "samples_from", "sizes", "detailed", "cpu_at", "waiting_since", "training", "cuda_pending",
+                 "cuda_rows", "last_memory_t", "worker_pids", "done", "in_process", "unknown_reported",
+                 "__weakref__")
 
-    def __init__(self, iter_id: int, samples_per_batch: int | None, worker_pids: list[int],
-                 last_index: int | None = None, training: bool = True) -> None:
+    def __init__(self, probe: "Probe", iter_id: int, worker_pids: list[int]) -> None:
+        self.probe = probe
         self.iter_id = iter_id
-        # A training loader's iterator: its steps count towards --steps and a trial's length
-        # (validation, evaluation and sanity-check loaders do not; see roles.py).
-        self.training = training
         self.next_index = 0
         self.rows: list[tuple] = []
-        self.samples_per_batch = samples_per_batch
+        self.samples: int | None = None      # samples per batch, where every batch holds as many
+        self.last_index = -1                 # index of an epoch's last batch, and its samples
+        self.last_samples: int | None = None
+        self.samples_from = FROM_BATCH
+        self.sizes: deque | None = None      # samples of batches requested but not yet delivered
+        self.detailed = False                # CUDA in use, or samples counted per batch: the slower path
+        self.in_process = not worker_pids    # num_workers=0: batches are made inside next()
+        # num_workers=0: the process CPU time inside next() is taken for the batch of this index.
+        self.cpu_at = 0 if self.in_process else -1
+        self.waiting_since = 0.0             # > 0 while the loop waits inside next(): the stall watchdog
+        self.training = True                 # its steps count towards --steps and a trial's length
         self.cuda_pending: deque = deque()
         self.cuda_rows: list[tuple] = []
         self.last_memory_t = 0.0
         self.worker_pids = worker_pids
         self.done = False  # the iterator is gone: flush what is left, then forget it
-        self.in_process = not worker_pids  # num_workers=0: batches are made inside next()
-        self.last_index = last_index       # index of an epoch's last (maybe partial) batch
+        self.unknown_reported = False
 
 
 class Probe:
@@ -119,11 +191,12 @@ class Probe:
         self.flush_interval_s = flush_interval_s
         self.total_steps = 0
         self.deadline: float | None = None
-        # The hot path compares one integer; the limits are looked at only from this step on.
-        self.check_limits_at = min(max_steps or math.inf, warmup_steps + 1 if max_seconds else math.inf)
-        # (t_request, iterator state) while the training loop waits inside next(); else None.
-        self.pending: tuple[float, _IteratorState] | None = None
+        self.warmup_steps = warmup_steps
+        # The hot path compares one integer; the limits (and whether CUDA came into use) are looked
+        # at only from this step on.
+        self.check_limits_at = self._next_check(0)
         self.stall_reported = False
+        self.stop_requested = False  # --steps reached: the process is ending
         self._iter_ids = itertools.count()
         self._pid = -1
         self._start_in_this_process()
@@ -132,7 +205,7 @@ class Probe:
     def _start_in_this_process(self) -> None:
         """(Re)start in the current process: at install, and in each forked DataLoader worker."""
         self._pid = os.getpid()
-        self.pending = None  # a forked child is never inside its parent's next()
+        self._closed = False
         # How the process is ending, when it says so (sys.exit, an uncaught exception): for its exit event.
         self.exit_code: int | None = None
         self.exit_error: str | None = None
@@ -157,6 +230,9 @@ class Probe:
     def start_in_worker(self) -> None:
         """In a DataLoader worker (forked or spawned), before its loop: time each batch it makes."""
         self.ensure_this_process()
+        # A forked worker inherits the training process's Tensor.to patch: its copies are not the
+        # loop's (and its transforms' .to() calls must not pay for it).
+        _unpatch_h2d()
         # Private memory at the worker's start: what it has copied of its parent's pages by its
         # exit (reading Python objects touches their reference counts) is the copy-on-read growth.
         self.event("memory", t=_clock(), uss_start_b=private_memory_b())
@@ -181,8 +257,9 @@ class Probe:
             self.flush()
 
     def close(self, reason: str = "exit") -> None:
-        if self._pid != os.getpid():
+        if self._pid != os.getpid() or self._closed:
             return
+        self._closed = True
         self._stop.set()
         self.flush(final=True)
         self._writer.write({"kind": "exit", "pid": self._pid, "t": _clock(), "reason": reason,
@@ -230,6 +307,10 @@ class Probe:
             lines.append({"kind": "h2d", "pid": self._pid, "rows": h2d_rows})
         self._writer.write_many(lines)
 
+    def warn(self, message: str) -> None:
+        """A problem of gpufeed's own, kept in the record and shown with the diagnosis."""
+        self.event("warning", t=_clock(), message=message)
+
     def register_iterator(self, iterator: Any, loader: Any, t_created: float) -> None:
         self.ensure_this_process()
         loader_id = getattr(loader, "_gpufeed_loader_id", None)
@@ -239,18 +320,47 @@ class Probe:
                 loader._gpufeed_loader_id = loader_id
             except Exception:
                 pass  # a loader that refuses attributes gets a new id per iterator: never a reused one
-        built = getattr(loader, "_gpufeed_built", None) or {}
-        role, why = roles.iterator_role(sys._getframe(2), built.get("built_as"))
-        worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
-        state = _IteratorState(next(self._iter_ids), _fixed_batch_size(loader), worker_pids,
-                               _last_index(iterator), training=role == roles.TRAIN)
+        try:
+            built = getattr(loader, "_gpufeed_built", None) or {}
+            role, why = roles.iterator_role(sys._getframe(2), built.get("built_as"))
+            worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
+            state = _IteratorState(self, next(self._iter_ids), worker_pids)
+            # A training loader's iterator: its steps count towards --steps and a trial's length
+            # (validation, evaluation and sanity-check loaders do not; see roles.py).
+            state.training = role == roles.TRAIN
+            _plan_counting(state, iterator, loader)
+            cuda = _cuda_in_use()  # looked at for every new iterator (and every CUDA_CHECK_EVERY steps)
+            state.detailed = state.detailed or cuda
+            config = loader_config(loader)
+        except Exception as error:  # an exotic loader is left unmeasured, never broken
+            self.warn(f"DataLoader {loader_id} is not measured: {_describe(error)}")
+            return
         iterator._gpufeed_state = state
         weakref.finalize(iterator, _mark_done, state)
         with self._lock:
             self._iterators.append(state)
         self.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
-                   t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why,
-                   config=loader_config(loader))
+                   t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why, config=config,
+                   samples_from=state.samples_from)
+
+    def give_up(self, iterator: Any, state: _IteratorState, error: BaseException) -> None:
+        """An internal error while measuring a loader: stop measuring it; the loop goes on as without gpufeed."""
+        try:
+            iterator._gpufeed_state = None
+        except Exception:
+            pass
+        state.done = True
+        self.warn(f"stopped measuring a DataLoader after an internal error: {_describe(error)}")
+
+    def samples_unknown(self, state: _IteratorState, batch: Any) -> None:
+        """Say once per iterator why its batches' samples are not counted (throughput is then in batches/s)."""
+        state.unknown_reported = True
+        if state.samples_from == FROM_BATCH:
+            reason = ("automatic batching is off (batch_size=None), so each batch is what the dataset yields, and "
+                      f"no rule is sure how many samples {_describe_batch(batch)} holds")
+        else:
+            reason = "the batch sampler gives batches without a length"
+        self.event("samples_unknown", iter_id=state.iter_id, reason=reason)
 
     def first_fetch_in_process(self) -> None:
         import torch
@@ -322,27 +432,54 @@ class Probe:
 
     # -- ending the run: --steps, a trial's time, and stalls -------------------------------------------
     def check_limits(self, now: float) -> None:
-        if self.max_steps is not None and self.total_steps >= self.max_steps:
+        """From the hot path, once ``total_steps`` reaches ``check_limits_at``."""
+        steps = self.total_steps
+        if not _cuda_seen and _cuda_in_use():
+            self.use_cuda()
+        if self.max_steps is not None and steps >= self.max_steps:
             self.steps_reached()
-        if self.max_seconds is not None:
+        if self.max_seconds is not None and steps > self.warmup_steps:
             if self.deadline is None:
                 self.deadline = now + self.max_seconds  # the warm-up is over: the measurement starts
             elif now >= self.deadline:
                 self.steps_reached()
-            self.check_limits_at = self.total_steps + 1
+        self.check_limits_at = self._next_check(steps)
+
+    def _next_check(self, steps: int) -> float:
+        checks = [self.max_steps or math.inf]
+        if self.max_seconds is not None:  # after the warm-up, the clock at every step
+            checks.append(max(steps + 1, self.warmup_steps + 1))
+        if not _cuda_seen:
+            checks.append(steps + CUDA_CHECK_EVERY)
+        return min(checks)
+
+    def use_cuda(self) -> None:
+        """CUDA came into use: from now on every iterator takes the path with CUDA events."""
+        with self._lock:
+            for state in self._iterators:
+                state.detailed = True
 
     def steps_reached(self) -> None:
+        self.stop_requested = True
         open(os.path.join(self.run_dir, schema.STEPS_REACHED_MARKER), "w").close()
         self.close(reason=schema.END_STEPS_REACHED)
+        if threading.current_thread() is not threading.main_thread():
+            _stop_main_thread()
         raise SystemExit(0)
 
     def _check_stall(self) -> None:
-        pending, timeout = self.pending, self.stall_timeout_s
-        if pending is None or timeout is None or self.stall_reported or _clock() - pending[0] < timeout:
+        timeout = self.stall_timeout_s
+        if timeout is None or self.stall_reported:
+            return
+        now = _clock()
+        with self._lock:
+            waiting = [(it.waiting_since, it) for it in self._iterators]
+        waiting = [(since, it) for since, it in waiting if since and now - since >= timeout]
+        if not waiting:
             return
         self.stall_reported = True
-        since, state = pending
-        worker_pids = state.worker_pids if state is not None else []
+        since, state = min(waiting, key=lambda pair: pair[0])
+        worker_pids = state.worker_pids
         stacks = os.path.join(self.run_dir, schema.STACKS_DIR)
         os.makedirs(stacks, exist_ok=True)
         with open(os.path.join(stacks, f"{self._pid}.txt"), "w") as f:
@@ -352,7 +489,7 @@ class Probe:
                 os.kill(pid, signal.SIGUSR1)
             except OSError:
                 pass
-        stall = {"pid": self._pid, "iter_id": state.iter_id if state else None, "t_request": since,
+        stall = {"pid": self._pid, "iter_id": state.iter_id, "t_request": since,
                  "waited_s": _clock() - since, "worker_pids": worker_pids}
         self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
         self.flush()
@@ -410,20 +547,96 @@ def _rss_peak_b() -> int | None:
         return None
 
 
-def _fixed_batch_size(loader: Any) -> int | None:
-    """batch_size when every batch but an epoch's last is known to hold exactly that many samples."""
+def samples_from(loader: Any) -> str:
+    """How the samples of this loader's batches are counted (docs/run-record.md, "What a sample is")."""
     import torch.utils.data as tud
-    if (loader.batch_size and type(loader.batch_sampler) is tud.BatchSampler
-            and not isinstance(loader.dataset, tud.IterableDataset)):
-        return int(loader.batch_size)
-    return None
+    if loader.batch_sampler is None:
+        return FROM_BATCH
+    if isinstance(loader.dataset, tud.IterableDataset):
+        return FROM_COLLATED
+    if type(loader.batch_sampler) is tud.BatchSampler and _last_batch(loader) is not None:
+        return FROM_BATCH_SIZE
+    return FROM_BATCH_SAMPLER
 
 
-def _last_index(iterator: Any) -> int | None:
+def _last_batch(loader: Any) -> tuple[int, int] | None:
+    """(index, samples) of an epoch's last batch under torch's BatchSampler; None if the sampler has no length."""
     try:
-        return len(iterator) - 1
-    except TypeError:
+        samples, batches, size = len(loader.sampler), len(loader.batch_sampler), int(loader.batch_size)
+    except Exception:  # a sampler without a length, or one whose __len__ raises
         return None
+    return batches - 1, size if loader.drop_last else samples - size * (batches - 1)
+
+
+def _plan_counting(state: _IteratorState, iterator: Any, loader: Any) -> None:
+    """Set up the cheapest sure count of samples per batch for this iterator."""
+    state.samples_from = how = samples_from(loader)
+    if how == FROM_BATCH_SIZE:
+        state.samples = int(loader.batch_size)
+        state.last_index, state.last_samples = _last_batch(loader)
+        return
+    state.detailed = True
+    if how == FROM_BATCH_SAMPLER:
+        state.sizes = _count_indices(iterator)
+    elif how == FROM_COLLATED:
+        state.samples = loader.batch_size
+        fetcher = getattr(iterator, "_dataset_fetcher", None)  # num_workers=0: batches are collated here
+        if fetcher is not None:
+            state.sizes = _count_collated(fetcher)
+
+
+def _count_indices(iterator: Any) -> deque:
+    """The length of each list of indices the batch sampler gives, in order (idempotent).
+
+    Wraps the iterator's own ``_next_index`` (not the class's): loaders with a fixed batch size pay
+    nothing. A weak reference, so the iterator is still freed (and its workers shut down) at once."""
+    sizes = iterator.__dict__.get("_gpufeed_sizes")
+    if sizes is not None:
+        return sizes
+    sizes = iterator._gpufeed_sizes = deque()
+    ref, next_index = weakref.ref(iterator), type(iterator)._next_index
+
+    def _next_index():
+        index = next_index(ref())
+        try:
+            sizes.append(len(index))
+        except Exception:  # a batch sampler yielding unsized batches: not counted
+            sizes.append(None)
+        return index
+
+    iterator._next_index = _next_index
+    return sizes
+
+
+def _count_collated(fetcher: Any) -> deque:
+    """The number of items each batch is collated from, in order (idempotent): an IterableDataset's
+    last batch holds fewer than batch_size."""
+    sizes = fetcher.__dict__.get("_gpufeed_sizes")
+    if sizes is not None:
+        return sizes
+    sizes = fetcher._gpufeed_sizes = deque()
+    collate = fetcher.collate_fn
+
+    def counted(data):
+        sizes.append(len(data))
+        return collate(data)
+
+    fetcher.collate_fn = counted
+    return sizes
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+def _describe_batch(batch: Any) -> str:
+    kind = type(batch).__name__
+    if isinstance(batch, (list, tuple)) and batch:
+        shapes = {tuple(getattr(item, "shape", ())) for item in batch}
+        inner = f"tensors of shape {shapes.pop()}" if len(shapes) == 1 and hasattr(batch[0], "shape") else (
+            f"{type(batch[0]).__name__} items")
+        return f"a {kind} of {len(batch)} {inner}"
+    return f"a batch of type {kind}"
 
 
 def _mark_done(state: _IteratorState) -> None:
@@ -435,7 +648,7 @@ def loader_config(loader: Any) -> dict[str, Any]:
     built = getattr(loader, "_gpufeed_built", None) or {}
     try:
         dataset_len = len(dataset)
-    except TypeError:
+    except Exception:  # no __len__, or one that raises (IterableDatasets often do)
         dataset_len = None
     import multiprocessing
     import torch.utils.data as tud
@@ -503,6 +716,7 @@ def patch_torch(probe: Probe) -> None:
     from torch.utils.data import dataloader
     from torch.utils.data._utils import worker
     base = dataloader._BaseDataLoaderIter
+    base._gpufeed_state = None  # the hot path reads the attribute without a default
 
     def make_get_iterator(original):
         # DataLoader._get_iterator returns the iterator with its workers started: the moment to
@@ -510,55 +724,27 @@ def patch_torch(probe: Probe) -> None:
         def _get_iterator(self, *args, **kwargs):
             t_created = _clock()
             iterator = original(self, *args, **kwargs)
-            if _probe is not None:
-                _probe.register_iterator(iterator, self, t_created)
+            probe = _probe
+            if probe is not None:
+                try:
+                    probe.register_iterator(iterator, self, t_created)
+                except Exception as error:  # never break the user's loop
+                    probe.warn(f"a DataLoader is not measured: {_describe(error)}")
             return iterator
         return _get_iterator
 
     def make_reset(original):
         def _reset(self, loader, first_iter=False, *args, **kwargs):
-            original(self, loader, first_iter, *args, **kwargs)
-            state = getattr(self, "_gpufeed_state", None)
-            if not first_iter and state is not None and _probe is not None:
-                _probe.event("epoch", iter_id=state.iter_id, t=_clock())
-        return _reset
-
-    def make_next(original):
-        process_time = time.process_time
-
-        def __next__(self):
-            probe, state = _probe, getattr(self, "_gpufeed_state", None)
-            if probe is None or state is None:
-                return original(self)
-            start_event = _cuda_event() if (_cuda_seen or _cuda_in_use()) else None
-            index = state.next_index
-            # num_workers=0: the batch is made inside next(); take its CPU time now and then.
-            cpu0 = process_time() if state.in_process and index % MAIN_PROCESS_CPU_SAMPLE_EVERY == 0 else None
-            t_request = _clock()
-            probe.pending = (t_request, state)
             try:
-                batch = original(self)
-            finally:
-                probe.pending = None
-            t_deliver = _clock()
-            state.next_index = index + 1
-            # Batches of a fixed-size BatchSampler hold batch_size samples, but for the last one;
-            # counting the others would cost more than all the rest of this function.
-            samples = state.samples_per_batch
-            if samples is None or index == state.last_index:
-                samples = count_samples(batch) or samples
-            state.rows.append((index, t_request, t_deliver, samples,
-                               None if cpu0 is None else process_time() - cpu0))
-            if start_event is not None:
-                end_event = _cuda_event()
-                if end_event is not None:
-                    probe.cuda_step(state, index, start_event, end_event, t_deliver)
-            if state.training:  # --steps and trial lengths count training steps only
-                probe.total_steps += 1
-                if probe.total_steps >= probe.check_limits_at:
-                    probe.check_limits(t_deliver)
-            return batch
-        return __next__
+                _before_reset(self, loader, first_iter)
+            except Exception as error:
+                if _probe is not None:
+                    _probe.warn(f"a DataLoader's batches are not counted: {_describe(error)}")
+            original(self, loader, first_iter, *args, **kwargs)
+            state = self._gpufeed_state
+            if not first_iter and state is not None:
+                state.probe.event("epoch", iter_id=state.iter_id, t=_clock())
+        return _reset
 
     _patch(dataloader.DataLoader, "_get_iterator", make_get_iterator)
     _patch(base, "_reset", make_reset)
@@ -566,6 +752,110 @@ def patch_torch(probe: Probe) -> None:
     # Batches are timed where they are made: patched inside each worker only, so the training
     # process's own hot path carries nothing for them.
     _patch(worker, "_worker_loop", lambda original: worker_loop)
+
+
+def _before_reset(iterator: Any, loader: Any, first_iter: bool) -> None:
+    """Workers are sent their first lists of indices inside the iterator's first reset, before
+    ``_get_iterator`` returns it: count their lengths from there. A later reset starts an epoch
+    afresh: batches of the last one that were never taken are dropped by torch."""
+    if first_iter:
+        if _probe is not None and samples_from(loader) == FROM_BATCH_SAMPLER:
+            _count_indices(iterator)
+        return
+    sizes = iterator.__dict__.get("_gpufeed_sizes")
+    if sizes is not None:
+        sizes.clear()
+
+
+def make_next(original: Callable) -> Callable:
+    """The hot path: wraps ``_BaseDataLoaderIter.__next__``, runs once per batch.
+
+    Kept to a few attribute reads, two clock reads and one append; everything rarer (CUDA events,
+    CPU time, samples counted per batch, the limits) is behind one flag or one integer compare.
+    ``_next_in_detail`` repeats its few lines on purpose: a shared helper costs a call per batch.
+    An internal error after the batch is made stops measuring this loader; the batch is returned.
+    """
+    clock = _clock
+
+    def __next__(self):
+        state = self._gpufeed_state
+        if state is None:
+            return original(self)
+        index = state.next_index
+        if state.detailed or index == state.cpu_at:
+            return _next_in_detail(self, state, index, original)
+        state.waiting_since = t_request = clock()
+        try:
+            batch = original(self)
+        finally:
+            state.waiting_since = 0.0
+        t_deliver = clock()
+        try:
+            state.next_index = index + 1
+            state.rows.append((index, t_request, t_deliver,
+                               state.samples if index != state.last_index else state.last_samples, None))
+            if state.training:
+                probe = state.probe
+                probe.total_steps += 1
+                if probe.total_steps >= probe.check_limits_at:
+                    probe.check_limits(t_deliver)
+        except Exception as error:
+            state.probe.give_up(self, state, error)
+        return batch
+    return __next__
+
+
+def _next_in_detail(iterator: Any, state: _IteratorState, index: int, original: Callable) -> Any:
+    """The hot path's slower branch: CUDA events, the CPU time of a batch made inside next(), and
+    samples counted per batch."""
+    probe = state.probe
+    try:
+        start_event = _cuda_event() if _cuda_seen else None
+        cpu0 = time.process_time() if index == state.cpu_at else None
+    except Exception as error:
+        probe.give_up(iterator, state, error)
+        return original(iterator)
+    state.waiting_since = t_request = _clock()
+    try:
+        batch = original(iterator)
+    finally:
+        state.waiting_since = 0.0
+    t_deliver = _clock()
+    try:
+        cpu_s = None
+        if cpu0 is not None:
+            cpu_s = time.process_time() - cpu0
+            state.cpu_at = index + MAIN_PROCESS_CPU_SAMPLE_EVERY
+        state.next_index = index + 1
+        samples = _samples_of(state, index, batch)
+        state.rows.append((index, t_request, t_deliver, samples, cpu_s))
+        if start_event is not None:
+            end_event = _cuda_event()
+            if end_event is not None:
+                probe.cuda_step(state, index, start_event, end_event, t_deliver)
+        if state.training:
+            probe.total_steps += 1
+            if probe.total_steps >= probe.check_limits_at:
+                probe.check_limits(t_deliver)
+    except Exception as error:
+        probe.give_up(iterator, state, error)
+    return batch
+
+
+def _samples_of(state: _IteratorState, index: int, batch: Any) -> int | None:
+    sizes, how = state.sizes, state.samples_from
+    if sizes:
+        samples = sizes.popleft()
+    elif how == FROM_BATCH_SIZE:
+        return state.samples if index != state.last_index else state.last_samples
+    elif how == FROM_COLLATED and state.samples:  # from workers: each one's last batch may hold fewer
+        counted = count_samples(batch)
+        return counted if counted is not None and counted < state.samples else state.samples
+    else:
+        samples = count_samples(batch) if how == FROM_BATCH else None
+    if samples is None and not state.unknown_reported:
+        state.probe.samples_unknown(state, batch)
+    return samples
 
 
 def worker_loop(*args: Any, **kwargs: Any) -> Any:
@@ -589,16 +879,32 @@ def _make_fetch(original: Callable) -> Callable:
         probe = _probe
         if probe is None:
             return original(self, possibly_batched_index)
-        if probe._fetch_meta is None:
-            probe.first_fetch_in_process()
+        try:
+            if probe._fetch_meta is None:
+                probe.first_fetch_in_process()
+            counter = _count_collated(self) if self.auto_collation else None
+        except Exception as error:  # measure nothing more in this worker; make its batches as before
+            _unpatch_fetch()
+            probe.warn(f"a DataLoader worker is not measured: {_describe(error)}")
+            return original(self, possibly_batched_index)
         # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
         cpu0, t0 = process_time(), _clock()
         batch = original(self, possibly_batched_index)
         t1, cpu1 = _clock(), process_time()
-        probe._fetch_rows.append((t0, t1, cpu1 - cpu0,
-                                  len(possibly_batched_index) if self.auto_collation else 1))
+        try:
+            samples = counter.popleft() if counter else None if self.auto_collation else count_samples(batch)
+            probe._fetch_rows.append((t0, t1, cpu1 - cpu0, samples))
+        except Exception as error:
+            _unpatch_fetch()
+            probe.warn(f"a DataLoader worker is not measured: {_describe(error)}")
         return batch
     return fetch
+
+
+def _unpatch_fetch() -> None:
+    from torch.utils.data._utils import fetch
+    _unpatch(fetch._MapDatasetFetcher, "fetch")
+    _unpatch(fetch._IterableDatasetFetcher, "fetch")
 
 
 def unpatch_torch() -> None:
@@ -611,6 +917,8 @@ def unpatch_torch() -> None:
                       (dataloader._BaseDataLoaderIter, "__next__"), (worker, "_worker_loop"),
                       (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
         _unpatch(cls, name)
+    if "_gpufeed_state" in dataloader._BaseDataLoaderIter.__dict__:
+        del dataloader._BaseDataLoaderIter._gpufeed_state
     _unpatch_h2d()
     overrides.unpatch_dataloader_init()
 
@@ -695,8 +1003,28 @@ def _patch_h2d() -> None:
             return out
         return copy
 
-    _patch(torch.Tensor, "to", make)
-    _patch(torch.Tensor, "cuda", make)
+    _patch(torch.Tensor, "to", lambda original: _PlainTensorsOnly(original, make(original), torch.Tensor))
+    _patch(torch.Tensor, "cuda", lambda original: _PlainTensorsOnly(original, make(original), torch.Tensor))
+
+
+class _PlainTensorsOnly:
+    """Stands in for ``Tensor.to`` / ``Tensor.cuda`` on the class: a plain tensor's call is measured;
+    everything else (a subclass, a tensor already on the GPU) gets torch's own method, untouched.
+
+    ``torch.Tensor.to`` read from the class is torch's own method (torch's ``__torch_function__``
+    dispatch reads it there, and libraries keep it in sets: torchvision's tv_tensors keep their type
+    through ``.to()`` only when ``func`` is in theirs), and a tensor subclass's ``.to()`` goes straight
+    to torch, so its ``__torch_function__`` sees exactly what it would without gpufeed.
+    """
+
+    def __init__(self, original: Any, measured: Callable, plain: type) -> None:
+        self._gpufeed_original, self._measured, self._plain = original, measured, plain
+
+    def __get__(self, tensor: Any, owner: Any = None) -> Any:
+        # A tensor already on the GPU makes no host-to-device copy: torch's method, at once.
+        if tensor is None or type(tensor) is not self._plain or tensor.is_cuda:
+            return self._gpufeed_original.__get__(tensor, owner)
+        return MethodType(self._measured, tensor)
 
 
 def _targets_cuda(args: tuple, kwargs: dict) -> bool:
@@ -790,9 +1118,45 @@ def _flush_on_sigterm(probe: Probe) -> None:
         return  # the user handles SIGTERM; leave it to them
 
     def on_sigterm(signum, frame):
+        if probe.stop_requested:  # --steps reached in another thread: end here too, cleanly
+            raise SystemExit(0)
         probe.exit_code = -signal.SIGTERM
         probe.close(reason="sigterm")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    global _ends_main_thread
+    _ends_main_thread = on_sigterm
+
+
+_ends_main_thread: Any = None  # our SIGTERM handler, when the main thread has it
+
+
+def _stop_main_thread() -> None:
+    """--steps was reached in a thread that feeds the loop (a prefetcher): SystemExit there ends only
+    that thread, and the main thread would wait for its batches forever. End the main thread with
+    SystemExit(0) as well, so the user's ``finally`` blocks and atexit handlers run: through our
+    SIGTERM handler, which also wakes it from a blocking wait (``queue.get()``); where the user owns
+    SIGTERM, by an asynchronous exception (raised when it next runs Python code). The runner ends
+    the command if it has not exited soon after (``STEPS_REACHED_GRACE_S``)."""
+    main = threading.main_thread()
+    if not main.is_alive() or main.ident is None:
+        return
+    # Only once this thread has ended (its SystemExit unwinds its frames, so its DataLoader iterator
+    # shuts its workers down): a main thread that exits first leaves this one inside torch during
+    # interpreter shutdown, and the process aborts ("terminate called without an active exception").
+    feeder = threading.current_thread()
+    threading.Thread(target=_end_main_after, args=(feeder, main), name="gpufeed-stop", daemon=True).start()
+
+
+def _end_main_after(feeder: threading.Thread, main: threading.Thread) -> None:
+    feeder.join(timeout=FEEDER_EXIT_WAIT_S)
+    try:
+        if _ends_main_thread is not None and signal.getsignal(signal.SIGTERM) is _ends_main_thread:
+            signal.pthread_kill(main.ident, signal.SIGTERM)
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    import ctypes
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(main.ident), ctypes.py_object(SystemExit))

@@ -1,0 +1,148 @@
+"""The probe's hot path alone: what ``next(loader)`` costs with the probe minus without it, per batch.
+
+A micro-benchmark (no training step, so the difference is not lost in the step's noise): blocks of
+``next()`` on a cheap DataLoader iterator alternate between plain and instrumented in one process,
+and the cost is the difference of the medians. Time is this thread's CPU time, so other programs
+on a shared machine do not count (the probe's background thread, once a second, does not either). Two loaders: torch's BatchSampler over a map-style
+dataset (the common case: samples from the batch size) and ``batch_size=None`` over a dataset that
+yields whole batches (samples counted on each batch by the documented rule).
+
+    python bench/hot_path.py [--blocks 41] [--steps 2000] [--probe-file OLD_PROBE.py]
+
+``--probe-file`` measures another version of ``gpufeed/measure/inside/probe.py`` (e.g. one taken
+with ``git show REV:gpufeed/measure/inside/probe.py``) beside the current one.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _load_probe(path: Path | None):
+    if path is None:
+        from gpufeed.measure.inside import probe
+        return probe
+    spec = importlib.util.spec_from_file_location(f"probe_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _loaders():
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Batches(Dataset):
+        """Whole batches, built by the dataset (automatic batching off)."""
+
+        def __init__(self):
+            self.batch = (torch.zeros(32, 8), torch.zeros(32, dtype=torch.long))
+
+        def __len__(self):
+            return 1 << 30
+
+        def __getitem__(self, i):
+            return self.batch
+
+    class Numbers(Dataset):
+        def __len__(self):
+            return 1 << 30
+
+        def __getitem__(self, i):
+            return i
+
+    return {"batch_size=32 (BatchSampler), collate as list": lambda: DataLoader(Numbers(), batch_size=32,
+                                                                                collate_fn=list),
+            "batch_size=None (dataset yields batches)": lambda: DataLoader(Batches(), batch_size=None)}
+
+
+def per_next_s(make_loader, steps: int) -> float:
+    iterator = iter(make_loader())
+    next(iterator)
+    t0 = time.thread_time()
+    for _ in range(steps):
+        next(iterator)
+    return (time.thread_time() - t0) / steps
+
+
+def measure(probe_module, make_loader, blocks: int, steps: int) -> tuple[float, float]:
+    """(plain seconds per next(), probe cost per next())."""
+    times = {"plain": [], "probe": []}
+    with tempfile.TemporaryDirectory() as run_dir:
+        probe = probe_module.Probe(run_dir)
+        per_next_s(make_loader, steps)  # warm-up
+        for _ in range(blocks):
+            for variant in random.sample(["plain", "probe"], 2):
+                if variant == "probe":
+                    probe_module.patch_torch(probe)
+                times[variant].append(per_next_s(make_loader, steps))
+                probe_module.unpatch_torch()
+        probe.close()
+    plain = statistics.median(times["plain"])
+    return plain, statistics.median(times["probe"]) - plain
+
+
+def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
+    """(plain seconds per ``tensor.to(torch.float64)`` on the CPU, what the Tensor.to patch adds):
+    the cost to every .to() the script makes outside the step, once the probe watches copies."""
+    import torch
+    x = torch.zeros(16)
+
+    def block() -> float:
+        t0 = time.thread_time()
+        for _ in range(steps):
+            x.to(torch.float64)
+        return (time.thread_time() - t0) / steps
+
+    times = {"plain": [], "probe": []}
+    with tempfile.TemporaryDirectory() as run_dir:
+        probe_module._probe = probe_module.Probe(run_dir)
+        block()
+        for _ in range(blocks):
+            for variant in random.sample(["plain", "probe"], 2):
+                if variant == "probe":
+                    probe_module._patch_h2d()
+                times[variant].append(block())
+                probe_module._unpatch_h2d()
+        probe_module._probe.close()
+        probe_module._probe = None
+    plain = statistics.median(times["plain"])
+    return plain, statistics.median(times["probe"]) - plain
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=41)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--probe-file", type=Path, action="append", default=[],
+                        help="another probe.py to measure beside the current one (repeatable)")
+    args = parser.parse_args()
+    import torch
+    torch.set_num_threads(1)
+    versions = [("current", None)] + [(str(p), p) for p in args.probe_file]
+    print("| loader | probe | plain next() | probe cost per batch |")
+    print("|---|---|---|---|")
+    for name, make_loader in _loaders().items():
+        for label, path in versions:
+            plain, cost = measure(_load_probe(path), make_loader, args.blocks, args.steps)
+            print(f"| {name} | {label} | {plain * 1e6:.2f} µs | {cost * 1e6:.2f} µs |", flush=True)
+    print()
+    print("| call | probe | plain | added by the Tensor.to patch |")
+    print("|---|---|---|---|")
+    for label, path in versions:
+        plain, cost = to_cost(_load_probe(path), args.blocks, args.steps)
+        print(f"| tensor.to(torch.float64), 16 floats on the CPU | {label} | {plain * 1e6:.2f} µs | "
+              f"{cost * 1e6:.2f} µs |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
