@@ -27,12 +27,16 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
     # Ranked by the time they cost; findings that cost nothing measurable come last.
     findings.sort(key=lambda f: (-(f.cost_share or 0.0), SEVERITY_ORDER[f.severity]))
-    warnings = list(record.warnings) + ranks.rank_warnings(record, metrics)
+    too_few = _too_few_steps(record, metrics)
+    if too_few:  # no finding from nothing: what was measured is shown, and nothing is concluded from it
+        findings = [f for f in findings if f.id in rules.FINDINGS_WITHOUT_STEPS]
+    warnings = list(record.warnings) + ([too_few] if too_few else []) + ranks.rank_warnings(record, metrics)
     if metrics.throughput_check:
         warnings.append(metrics.throughput_check)
     gpu_error = record.meta.sampler.get("gpu_error")
     return Diagnosis(
-        bottleneck=primary_bottleneck(metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
+        bottleneck=None if too_few else primary_bottleneck(
+            metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
         findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
         run_dirs=[str(p.run_dir) for p in record.parts],
         gpu_available=bool(record.samples.gpus) or metrics.cuda_used,
@@ -41,6 +45,15 @@ def analyze_record(record: RunRecord) -> Diagnosis:
              "exit_code": record.meta.exit_code, "message": record.meta.message},
         warnings=warnings,
     )
+
+
+def _too_few_steps(record: RunRecord, m: Metrics) -> str | None:
+    """The sentence saying why no finding is drawn, when a DataLoader ran too few measured steps."""
+    if not record.iterators or m.steps >= th.MIN_STEPS_FOR_FINDINGS:
+        return None
+    return (f"only {m.steps} step{'' if m.steps == 1 else 's'} measured after {m.warmup_steps} warm-up "
+            f"step{'' if m.warmup_steps == 1 else 's'}: too few to judge the input pipeline (findings need "
+            f"{th.MIN_STEPS_FOR_FINDINGS}); the numbers above are all that was measured")
 
 
 def primary_bottleneck(m: Metrics, has_data: bool) -> str | None:

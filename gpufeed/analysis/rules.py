@@ -11,6 +11,7 @@ from gpufeed.analysis.findings import INFO, HIGH, Finding, severity_for
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
 from gpufeed.analysis.ranks import load_imbalance, straggler_rank
 from gpufeed.units import fmt
+from gpufeed.record import schema
 from gpufeed.record.reader import RunRecord
 
 
@@ -298,7 +299,9 @@ def compute_bound(ctx: Context) -> Finding | None:
 
 
 def no_dataloader(ctx: Context) -> Finding | None:
-    if ctx.record.iterators:
+    # A command that failed (a syntax error, a missing script) says why in its end message: "wrap it
+    # in a DataLoader" would be advice drawn from nothing.
+    if ctx.record.iterators or ctx.record.meta.end_reason not in FINISHED_NORMALLY:
         return None
     m = ctx.metrics
     host = f"host CPU averaged {fmt(m.cpu_util_pct, '.0f')}%" if m.cpu_util_pct is not None else "no host samples"
@@ -358,6 +361,10 @@ def host_idle_share(m: Metrics) -> float | None:
         return None
     return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (m.data_wait_share or 0.0))
 
+
+FINISHED_NORMALLY = (schema.END_COMPLETED, schema.END_STEPS_REACHED, schema.END_TIMED_OUT)
+# Findings that do not judge the steps, and so stand with too few of them (the stall itself).
+FINDINGS_WITHOUT_STEPS = ("loader_stalled",)
 
 RULES: tuple[Rule, ...] = (
     loader_stalled, too_few_workers, cpu_saturated, storage_latency, too_many_workers,

@@ -122,6 +122,8 @@ class RunMeta:
     stall: dict[str, Any] | None = None
     sampler: dict[str, Any] = field(default_factory=dict)  # interval_s, cpu_s, samples, gpu_error
     stderr_tail: list[str] = field(default_factory=list)
+    stop_signal: str | None = None   # the signal gpufeed received that stopped the run ("SIGINT", "SIGTERM")
+    killed_after_grace_s: float | None = None  # the command did not end this long after being asked: killed
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

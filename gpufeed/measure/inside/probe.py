@@ -38,6 +38,7 @@ from gpufeed.record.writer import JsonlWriter, write_json_atomic
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 ENV_MAX_STEPS = "GPUFEED_MAX_STEPS"          # end the process after this many batches (warm-up included)
 ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a loader counts as stuck
+ENV_FIRST_BATCH_TIMEOUT = "GPUFEED_FIRST_BATCH_TIMEOUT"  # the same for an iterator's first batch (worker start-up)
 ENV_MAX_SECONDS = "GPUFEED_MAX_SECONDS"      # end the process this long after the warm-up (tune trials)
 ENV_WARMUP_STEPS = "GPUFEED_WARMUP_STEPS"    # the warm-up ENV_MAX_SECONDS counts from
 
@@ -105,11 +106,13 @@ class Probe:
 
     def __init__(self, run_dir: str, max_steps: int | None = None, stall_timeout_s: float | None = None,
                  flush_interval_s: float = FLUSH_INTERVAL_S, max_seconds: float | None = None,
-                 warmup_steps: int = 0) -> None:
+                 warmup_steps: int = 0, first_batch_timeout_s: float | None = None) -> None:
         self.run_dir = run_dir
         self.max_steps = max_steps
         self.max_seconds = max_seconds
         self.stall_timeout_s = stall_timeout_s
+        # Worker start-up (spawn) and a filling shuffle buffer delay the first batch: it gets longer.
+        self.first_batch_timeout_s = max(first_batch_timeout_s or 0.0, stall_timeout_s or 0.0) or None
         self.flush_interval_s = flush_interval_s
         self.total_steps = 0
         self.deadline: float | None = None
@@ -291,11 +294,15 @@ class Probe:
         raise SystemExit(0)
 
     def _check_stall(self) -> None:
-        pending, timeout = self.pending, self.stall_timeout_s
-        if pending is None or timeout is None or self.stall_reported or _clock() - pending[0] < timeout:
+        pending = self.pending
+        if pending is None or self.stall_timeout_s is None or self.stall_reported:
+            return
+        since, state = pending
+        first_batch = state is not None and state.next_index == 0
+        timeout = self.first_batch_timeout_s if first_batch else self.stall_timeout_s
+        if _clock() - since < timeout:
             return
         self.stall_reported = True
-        since, state = pending
         worker_pids = state.worker_pids if state is not None else []
         stacks = os.path.join(self.run_dir, schema.STACKS_DIR)
         os.makedirs(stacks, exist_ok=True)
@@ -307,7 +314,7 @@ class Probe:
             except OSError:
                 pass
         stall = {"pid": self._pid, "iter_id": state.iter_id if state else None, "t_request": since,
-                 "waited_s": _clock() - since, "worker_pids": worker_pids}
+                 "waited_s": _clock() - since, "worker_pids": worker_pids, "first_batch": first_batch}
         self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
         self.flush()
         write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
@@ -644,8 +651,10 @@ def install_from_env() -> Probe | None:
     max_steps = os.environ.get(ENV_MAX_STEPS)
     stall = os.environ.get(ENV_STALL_TIMEOUT)
     max_seconds = os.environ.get(ENV_MAX_SECONDS)
+    first_batch = os.environ.get(ENV_FIRST_BATCH_TIMEOUT)
     probe = Probe(run_dir, max_steps=int(max_steps) if max_steps else None,
                   stall_timeout_s=float(stall) if stall else None,
+                  first_batch_timeout_s=float(first_batch) if first_batch else None,
                   max_seconds=float(max_seconds) if max_seconds else None,
                   warmup_steps=_env_int(ENV_WARMUP_STEPS) or 0)
     import torch
@@ -688,16 +697,33 @@ def _env_int(*names: str) -> int | None:
 
 
 def _flush_on_sigterm(probe: Probe) -> None:
-    """SIGTERM skips atexit: write what was measured, then die of SIGTERM as the user's code would."""
+    """SIGTERM skips atexit: write what was measured, then die of SIGTERM as the user's code would.
+
+    The handler is invisible: ``signal.getsignal(SIGTERM)`` still answers what was there before, so
+    a framework that installs its own only where none is (Lightning saves a checkpoint on
+    preemption) still does, and replaces this one. If such a handler chains to this one, it only
+    flushes: ending the process is then the other handler's decision, never re-killed from here.
+    """
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
         return  # the user handles SIGTERM; leave it to them
+    real_getsignal = signal.getsignal
 
     def on_sigterm(signum, frame):
+        if real_getsignal(signal.SIGTERM) is not on_sigterm:
+            probe.flush()  # called by another handler: it decides how the process ends
+            return
         probe.exit_code = -signal.SIGTERM
         probe.close(reason="sigterm")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def getsignal(signalnum):
+        handler = real_getsignal(signalnum)
+        return previous if handler is on_sigterm else handler
+
+    getsignal.__doc__ = real_getsignal.__doc__
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.getsignal = getsignal
