@@ -248,9 +248,9 @@ def _creatable(path: Path, option: str) -> str | None:
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
-        return f"{option} {path} cannot be created: {ancestor} is a file, not a directory."
+        return f"cannot write {option} {path}: {ancestor} is a file, not a directory."
     why = _unwritable(ancestor)
-    return why and f"{option} {path} cannot be created: {ancestor} is not writable ({why})."
+    return why and f"cannot write {option} {path}: {ancestor} is not writable ({why})."
 
 
 def _unwritable(directory: Path) -> str | None:
@@ -265,9 +265,9 @@ def _unwritable(directory: Path) -> str | None:
 def file_problem(path: Path, option: str) -> str | None:
     """Why an output file cannot be written, or None."""
     if path.is_dir():
-        return f"{option} {path} is a directory: give a file name."
+        return f"cannot write {option} {path}: it is a directory; give a file name."
     if path.exists():
-        return None if os.access(path, os.W_OK) else f"{option} {path} exists and is not writable."
+        return None if os.access(path, os.W_OK) else f"cannot write {option} {path}: it is not writable."
     return _creatable(path, option)
 
 
@@ -276,16 +276,16 @@ def dir_problem(path: Path, option: str, result_file: str | None = None, what: s
     there: it already holds a result, said as such), and writable. ``result_file`` None: a log
     directory, which may hold files already."""
     if path.exists() and not path.is_dir():
-        return f"{option} {path} is a file: give a directory."
+        return f"cannot use {option} {path}: it is a file; give a directory."
     if not path.is_dir():
         return _creatable(path, option)
     if result_file is not None:
         if (path / result_file).exists():
             return f"{path} already holds a {what}: choose another {option}, or remove it first."
         if any(path.iterdir()):
-            return f"{option} {path} is not empty and holds no {what}: give a new or empty directory."
+            return f"cannot use {option} {path}: it is not empty and holds no {what}; give a new or empty directory."
     why = _unwritable(path)
-    return why and f"{option} {path} is not writable ({why})."
+    return why and f"cannot write {option} {path}: it is not writable ({why})."
 
 
 def _output_files_problem(args: argparse.Namespace) -> str | None:
