@@ -45,11 +45,13 @@ def fits(value: Any, hint: Check) -> bool:
     return bool(hint(value))
 
 
-def _rows(width: int, cell: Check = float | None) -> Check:
-    """Rows of at most ``width`` cells (older writers may have written fewer), each a number or null."""
+def _rows(width: int, required: int, cell: Check = float | None) -> Check:
+    """Rows of ``required`` to ``width`` cells (older writers wrote fewer): the first ``required``
+    (index, times) numbers, the others a number or null."""
     def check(value: Any) -> bool:
         return isinstance(value, list) and all(
-            isinstance(row, list) and 1 <= len(row) <= width and all(fits(c, cell) for c in row) for row in value)
+            isinstance(row, list) and required <= len(row) <= width
+            and all(fits(c, float if i < required else cell) for i, c in enumerate(row)) for row in value)
     return check
 
 
@@ -90,11 +92,11 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "iterator": ({"pid": int, "iter_id": int, "t_created": float, "config": dict},
                  {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None}),
     "epoch": ({"pid": int, "iter_id": int, "t": float}, {}),
-    "steps": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.STEP_COLUMNS))}, {}),
-    "cuda": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.CUDA_COLUMNS))}, {}),
-    "fetches": ({"pid": int, "rows": _rows(len(schema.FETCH_COLUMNS))},
+    "steps": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.STEP_COLUMNS), 3)}, {}),  # index, t_request, t_deliver
+    "cuda": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.CUDA_COLUMNS), 1)}, {}),   # index
+    "fetches": ({"pid": int, "rows": _rows(len(schema.FETCH_COLUMNS), 2)},                   # t_start, t_end
                 {"worker_id": int | None, "torch_threads": int | None}),
-    "h2d": ({"pid": int, "rows": _rows(len(schema.H2D_COLUMNS), float | bool | None)}, {}),
+    "h2d": ({"pid": int, "rows": _rows(len(schema.H2D_COLUMNS), 2, float | bool | None)}, {}),  # t, bytes
     "stall": ({"pid": int}, STALL),
     "override": ({"pid": int}, {"site": str | None, "settings": dict | None, "refused": dict | None}),
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),
