@@ -281,6 +281,9 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                                  rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))
                      for pid, f in sorted(fetches.items())]
     samples = _load_samples(run_dir / schema.SAMPLES_FILE, max(meta.cpu_count, 1), warnings)
+    if not (meta.command or meta.end_reason or processes or iterators or fetches or len(samples)):
+        raise RecordError(f"{run_dir} holds nothing usable: {schema.META_FILE} does not say what ran or how it "
+                          f"ended, and no event or sample fits the run-record schema ({'; '.join(warnings)}).")
     if meta.cpu_count < 1:  # unknown (meta.json did not say): as many cores as the sampler saw
         meta.cpu_count = samples.cpu_pct.shape[1] or 1
     return RunRecord(
