@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,7 +16,7 @@ from gpufeed.measure import runner
 from gpufeed.measure.inside.probe import Probe, _IteratorState
 from gpufeed.record import schema
 from tests.synthetic import Scenario, write_run
-from tests.test_cli import WORKLOADS, gpufeed, start_long_run
+from tests.test_cli import gpufeed
 
 
 # -- odd arguments and output paths: one sentence, exit 2, before anything runs ---------------------------
@@ -127,17 +126,6 @@ def test_the_first_batch_has_its_own_stall_limit(tmp_path):
 
 
 # -- what really happened ---------------------------------------------------------------------------------
-def test_sigterm_to_gpufeed_is_named_and_not_called_ctrl_c(tmp_path):
-    run_dir = tmp_path / "run"
-    proc = start_long_run(run_dir, stdout=subprocess.PIPE)
-    proc.send_signal(signal.SIGTERM)
-    stdout, _ = proc.communicate(timeout=60)
-    assert proc.returncode == cli.EXIT_TERMINATED
-    assert "gpufeed received SIGTERM" in stdout and "Ctrl-C" not in stdout
-    meta = json.loads((run_dir / schema.META_FILE).read_text())
-    assert meta["end_reason"] == "interrupted" and meta["stop_signal"] == "SIGTERM"
-
-
 @pytest.mark.parametrize("oom_kills, says, never", [
     (1, "out-of-memory killer (the cgroup's memory.events counted 1", "from outside"),
     (0, "from outside", "out-of-memory killer (the cgroup"),
