@@ -28,7 +28,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               made by a DataLoader worker each
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
 ``h2d``       pid, rows of [t, bytes, host_s, pinned]: host-to-device tensor copies
-``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
+``stall``     pid, iter_id, t_request, waited_s, worker_pids, first_batch: no batch for ``--stall-timeout``
+              seconds (``--first-batch-timeout`` for an iterator's first batch)
 ``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
               uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception); memory at exit where readable:
               rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
