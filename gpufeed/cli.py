@@ -355,11 +355,11 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
                          stall_timeout_s=args.stall_timeout, interval_s=args.interval, grace_s=args.grace,
                          first_batch_timeout_s=args.first_batch_timeout)
     # Ctrl-C and SIGTERM, however often, stop the run but never cut its record or diagnosis short.
-    with StopSignals() as stop:
-        return _run_and_diagnose(options, args, console, stop)
+    with StopSignals():
+        return _run_and_diagnose(options, args, console)
 
 
-def _run_and_diagnose(options, args: argparse.Namespace, console: Console, stop) -> int:
+def _run_and_diagnose(options, args: argparse.Namespace, console: Console) -> int:
     from gpufeed.analysis import analyze
     from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, run_command
     from gpufeed.present.terminal import render
