@@ -185,7 +185,8 @@ class _Run:
             self.meta.sampler = sampler.stop()
             tee.join(timeout=2.0)
             watchdog.done()
-        self.meta.stop_signal = signal.Signals(stop.first).name if stop.first else None
+        stopped = end_reason == schema.END_INTERRUPTED and stop.first is not None
+        self.meta.stop_signal = signal.Signals(stop.first).name if stopped else None
         self.meta.killed_after_grace_s = None if ended_in_grace else self.options.grace_s
         oom_kills = _difference(oom_kill_count(), oom_kills_before)
         return self._finish_from_exit(end_reason, child.returncode, oom_kills)
