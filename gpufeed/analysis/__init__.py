@@ -53,7 +53,7 @@ def _too_few_steps(record: RunRecord, m: Metrics) -> str | None:
         return None
     return (f"only {m.steps} step{'' if m.steps == 1 else 's'} measured after {m.warmup_steps} warm-up "
             f"step{'' if m.warmup_steps == 1 else 's'}: too few to judge the input pipeline (findings need "
-            f"{th.MIN_STEPS_FOR_FINDINGS}); the numbers above are all that was measured")
+            f"{th.MIN_STEPS_FOR_FINDINGS}): shown is what was measured, and nothing is concluded from it")
 
 
 def primary_bottleneck(m: Metrics, has_data: bool) -> str | None:
