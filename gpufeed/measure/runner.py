@@ -53,7 +53,9 @@ class RunOptions:
     steps: int | None = None         # measured steps after warm-up; None: run to the end
     warmup_steps: int = 10
     stall_timeout_s: float | None = 60.0
-    first_batch_timeout_s: float | None = th.FIRST_BATCH_TIMEOUT_S  # the stall limit of an iterator's first batch
+    # The stall limit of an iterator's first batch (worker start-up); None: the stall timeout. gpufeed
+    # diagnose gives it th.FIRST_BATCH_TIMEOUT_S; tune and batch-size trials have their own time limit.
+    first_batch_timeout_s: float | None = None
     grace_s: float = th.STOP_GRACE_S  # time the command gets to end by itself once asked to stop
     interval_s: float = 0.1
     extra_env: dict[str, str] = field(default_factory=dict)
