@@ -30,7 +30,7 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     too_few = _too_few_steps(record, metrics)
     if too_few:  # no finding from nothing: what was measured is shown, and nothing is concluded from it
         findings = [f for f in findings if f.id in rules.FINDINGS_WITHOUT_STEPS]
-    warnings = list(record.warnings) + ([too_few] if too_few else []) + ranks.rank_warnings(record, metrics)
+    warnings = list(record.warnings) + ranks.rank_warnings(record, metrics) + ([too_few] if too_few else [])
     if metrics.throughput_check:
         warnings.append(metrics.throughput_check)
     gpu_error = record.meta.sampler.get("gpu_error")
