@@ -13,12 +13,16 @@ Exit codes (also in the README):
   8  batch-size: no batch size fits (fails at batch size 1, budget smaller than the model) or
      the batch size cannot be overridden (a custom batch_sampler)
   130 interrupted by Ctrl-C; the partial record is kept and diagnosed
+  143 stopped by a SIGTERM sent to gpufeed (a scheduler, kill); the partial record is kept and diagnosed
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -31,6 +35,7 @@ EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOT_STARTED = 0, 1, 2, 3
 EXIT_COMMAND_FAILED, EXIT_STALLED, EXIT_BAD_RECORD, EXIT_INTERRUPTED = 4, 5, 6, 130
 EXIT_NOTHING_TO_TUNE = 7
 EXIT_NO_BATCH_SIZE = 8
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 
 EXIT_FOR_END = {"completed": EXIT_OK, "steps_reached": EXIT_OK, "failed": EXIT_COMMAND_FAILED,
                 "stalled": EXIT_STALLED, "interrupted": EXIT_INTERRUPTED}
@@ -38,24 +43,34 @@ EXIT_FOR_END = {"completed": EXIT_OK, "steps_reached": EXIT_OK, "failed": EXIT_C
 DEMO_SCRIPT = Path(__file__).with_name("demo") / "train.py"
 
 
+def _whole(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+
+
 def _positive_int(text: str) -> int:
-    value = int(text)
+    value = _whole(text, "a positive whole number")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive whole number, got {text}")
     return value
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text)
+    value = _whole(text, "0 or a positive whole number")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 
 def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):  # inf and nan parse as floats, but are no duration
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number of seconds, got {text!r}")
     return value
 
 
@@ -64,6 +79,13 @@ def _positive_number(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+def _path(text: str) -> Path:
+    """A path option: '' would silently mean the current directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must name a file or directory, got ''")
+    return Path(text)
 
 
 def _size(text: str) -> int:
@@ -79,7 +101,10 @@ def _size(text: str) -> int:
 
 
 def _share(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be a share between 0 and 1, got {text}")
     return value
@@ -90,11 +115,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="measure N steps after the warm-up, then end the command cleanly (default: run to its end)")
     p.add_argument("--warmup", type=_non_negative_int, default=th.DEFAULT_WARMUP_STEPS, metavar="N",
                    help=f"steps left out of the measurement at the start (default {th.DEFAULT_WARMUP_STEPS})")
-    p.add_argument("--out", type=Path, metavar="DIR",
+    p.add_argument("--out", type=_path, metavar="DIR",
                    help="run directory to write (default ./gpufeed-runs/<timestamp>-<name>/)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
+    p.add_argument("--json", type=_path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
     p.add_argument("--stall-timeout", type=_positive_float, default=60.0, metavar="SECONDS",
                    help="report a stuck loader after this long without a batch (default 60)")
+    p.add_argument("--first-batch-timeout", type=_positive_float, default=th.FIRST_BATCH_TIMEOUT_S,
+                   metavar="SECONDS",
+                   help="the stall limit for each iterator's first batch, which waits for worker start-up "
+                        f"or a filling shuffle buffer (default {th.FIRST_BATCH_TIMEOUT_S:g})")
+    p.add_argument("--grace", type=_positive_float, default=th.STOP_GRACE_S, metavar="SECONDS",
+                   help="time the command gets to end by itself (its own SIGINT/SIGTERM handler, a checkpoint "
+                        "save) after Ctrl-C, a SIGTERM to gpufeed or a stall, before it is killed "
+                        f"(default {th.STOP_GRACE_S:g})")
     p.add_argument("--interval", type=_positive_float, default=0.1, metavar="SECONDS",
                    help="sampling interval for CPU, memory and GPU (default 0.1, i.e. 10 Hz)")
     _add_report_option(p)
@@ -107,12 +140,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_tensorboard_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tensorboard", type=Path, metavar="LOG_DIR",
+    p.add_argument("--tensorboard", type=_path, metavar="LOG_DIR",
                    help="also write data-wait share, samples/s and GPU util as TensorBoard scalars to LOG_DIR")
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    value = _whole(text, "a TCP port (1-65535)")
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError(f"must be a TCP port (1-65535), got {text}")
     return value
@@ -133,9 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
                                          "directories (one per node of a job) are merged into one diagnosis")
-    p.add_argument("run_dir", type=Path, nargs="+",
+    p.add_argument("run_dir", type=_path, nargs="+",
                    help="a run directory; several: one per node of a job, merged into one diagnosis")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
+    p.add_argument("--json", type=_path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
     _add_tensorboard_option(p)
 
     p = sub.add_parser("tune", help="find the fastest DataLoader settings for a command, by short trials",
@@ -151,9 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest num_workers to try (default {th.TUNE_MAX_WORKERS_PER_CORE} per core)")
     p.add_argument("--stall-timeout", type=_positive_float, default=th.TUNE_STALL_TIMEOUT_S, metavar="SECONDS",
                    help=f"a trial with no batch for this long is stopped as hung (default {th.TUNE_STALL_TIMEOUT_S:g})")
-    p.add_argument("--out", type=Path, metavar="DIR",
+    p.add_argument("--out", type=_path, metavar="DIR",
                    help="tune directory: trials, tune.json, best-config.json (default ./gpufeed-runs/<timestamp>-tune-<name>/)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the result (tune.json) to FILE")
+    p.add_argument("--json", type=_path, metavar="FILE", help="also write the result (tune.json) to FILE")
     _add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
@@ -171,15 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"steps left out of each trial's throughput (default {th.BATCH_TRIAL_WARMUP_STEPS})")
     p.add_argument("--max-trials", type=_positive_int, default=th.BATCH_MAX_TRIALS, metavar="N",
                    help=f"most trials to run (default {th.BATCH_MAX_TRIALS})")
-    p.add_argument("--out", type=Path, metavar="DIR",
+    p.add_argument("--out", type=_path, metavar="DIR",
                    help="batch-size directory: trials, batch_size.json (default ./gpufeed-runs/<timestamp>-batch-size-<name>/)")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the result (batch_size.json) to FILE")
+    p.add_argument("--json", type=_path, metavar="FILE", help="also write the result (batch_size.json) to FILE")
     _add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
                        usage="gpufeed run --config FILE -- CMD [ARGS...]")
-    p.add_argument("--config", type=Path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
+    p.add_argument("--config", type=_path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")
@@ -193,16 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the answer as JSON to FILE")
 
     p = sub.add_parser("report", help="write a self-contained HTML report of a run, tune or batch-size directory")
-    p.add_argument("run_dir", type=Path, nargs="+",
+    p.add_argument("run_dir", type=_path, nargs="+",
                    help="a run, tune or batch-size directory; several run directories: one per node of a job, merged")
-    p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the HTML file (default RUN_DIR/report.html)")
+    p.add_argument("-o", "--out", type=_path, metavar="FILE", help="the HTML file (default RUN_DIR/report.html)")
 
     p = sub.add_parser("trace", help="write a run as a Chrome trace for Perfetto or chrome://tracing")
-    p.add_argument("run_dir", type=Path)
-    p.add_argument("-o", "--out", type=Path, metavar="FILE", help="the JSON file (default RUN_DIR/trace.json)")
+    p.add_argument("run_dir", type=_path)
+    p.add_argument("-o", "--out", type=_path, metavar="FILE", help="the JSON file (default RUN_DIR/trace.json)")
 
     p = sub.add_parser("watch", help="live dashboard: GPUs, cores, memory and a running gpufeed diagnose")
-    p.add_argument("run_dir", type=Path, nargs="?",
+    p.add_argument("run_dir", type=_path, nargs="?",
                    help="a running run directory (default: the newest running one under ./gpufeed-runs)")
     p.add_argument("--interval", type=_positive_float, default=1.0, metavar="SECONDS",
                    help="refresh interval (default 1)")
@@ -217,12 +250,85 @@ def _error(message: str) -> None:
     Console(stderr=True).print(f"gpufeed: {message}", style="bold red", highlight=False, soft_wrap=True)
 
 
+def _console() -> Console:
+    """Standard output. To a file or a pipe, lines are as wide as their content (rich would cut
+    them at 80 columns); COLUMNS, where set, still rules."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=100_000)
+
+
+# -- output paths, checked before anything runs ------------------------------------------------------
+def _creatable(path: Path, option: str) -> str | None:
+    """Why ``path`` cannot be created, or None: its nearest existing ancestor must be a writable directory."""
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot write {option} {path}: {ancestor} is a file, not a directory."
+    why = _unwritable(ancestor)
+    return why and f"cannot write {option} {path}: {ancestor} is not writable ({why})."
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why no file can be created in ``directory`` (tried for real: root passes every access check)."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return None
+    except OSError as error:
+        return error.strerror or str(error)
+
+
+def file_problem(path: Path, option: str) -> str | None:
+    """Why an output file cannot be written, or None."""
+    if path.is_dir():
+        return f"cannot write {option} {path}: it is a directory; give a file name."
+    if path.exists():
+        return None if os.access(path, os.W_OK) else f"cannot write {option} {path}: it is not writable."
+    return _creatable(path, option)
+
+
+def dir_problem(path: Path, option: str, result_file: str | None = None, what: str = "") -> str | None:
+    """Why an output directory cannot be used, or None: it must be new or empty (``result_file``
+    there: it already holds a result, said as such), and writable. ``result_file`` None: a log
+    directory, which may hold files already."""
+    if path.exists() and not path.is_dir():
+        return f"cannot use {option} {path}: it is a file; give a directory."
+    if not path.is_dir():
+        return _creatable(path, option)
+    if result_file is not None:
+        if (path / result_file).exists():
+            return f"{path} already holds a {what}: choose another {option}, or remove it first."
+        if any(path.iterdir()):
+            return f"cannot use {option} {path}: it is not empty and holds no {what}; give a new or empty directory."
+    why = _unwritable(path)
+    return why and f"cannot write {option} {path}: it is not writable ({why})."
+
+
+def _output_files_problem(args: argparse.Namespace) -> str | None:
+    """The output files and log directories given: each must be writable (before anything runs)."""
+    checks = [(getattr(args, "json", None), "--json"),
+              (getattr(args, "report", None) if isinstance(getattr(args, "report", None), Path) else None, "--report")]
+    if args.verb in ("report", "trace"):
+        checks.append((args.out, "-o"))
+    for path, option in checks:
+        problem = path is not None and file_problem(path, option)
+        if problem:
+            return problem
+    log_dir = getattr(args, "tensorboard", None)
+    return log_dir is not None and dir_problem(log_dir, "--tensorboard") or None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    console = Console()
+    console = _console()
     if args.verb is None:
         parser.print_help()
+        return EXIT_USAGE
+    problem = _output_files_problem(args)
+    if problem:
+        _error(problem)
         return EXIT_USAGE
     try:
         if args.verb == "analyze":
@@ -253,15 +359,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.analysis import analyze
-    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, RunOptions, default_run_dir, run_command
-    from gpufeed.present.terminal import render
+    from gpufeed.measure.runner import RunOptions, StopSignals, default_run_dir
+    from gpufeed.record import schema
 
     if not command:
         _error("give the training command after --, e.g. gpufeed diagnose -- python train.py")
         return EXIT_USAGE
-    options = RunOptions(command=command, out=args.out or default_run_dir(command), steps=args.steps,
-                         warmup_steps=args.warmup, stall_timeout_s=args.stall_timeout, interval_s=args.interval)
+    out = args.out or default_run_dir(command)
+    problem = dir_problem(out, "--out", schema.META_FILE, "gpufeed run")
+    if problem:
+        _error(problem)
+        return EXIT_USAGE
+    options = RunOptions(command=command, out=out, steps=args.steps, warmup_steps=args.warmup,
+                         stall_timeout_s=args.stall_timeout, interval_s=args.interval, grace_s=args.grace,
+                         first_batch_timeout_s=args.first_batch_timeout)
+    # Ctrl-C and SIGTERM, however often, stop the run but never cut its record or diagnosis short.
+    with StopSignals():
+        return _run_and_diagnose(options, args, console)
+
+
+def _run_and_diagnose(options, args: argparse.Namespace, console: Console) -> int:
+    from gpufeed.analysis import analyze
+    from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, run_command
+    from gpufeed.present.terminal import render
+
     exporter = None
     if getattr(args, "prometheus", None):
         exporter = _start_exporter(options.out, args.prometheus, args.prometheus_addr, console)
@@ -288,11 +409,13 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     _write_json(diagnosis, args.json, console)
     _write_report(result.run_dir, args.report, console)
     _write_tensorboard(result.run_dir, getattr(args, "tensorboard", None), console)
+    if result.meta.stop_signal == "SIGTERM":
+        return EXIT_TERMINATED
     return EXIT_FOR_END.get(result.meta.end_reason or "", EXIT_COMMAND_FAILED)
 
 
 def _add_report_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", type=Path, nargs="?", const=True, metavar="FILE",
+    p.add_argument("--report", type=_path, nargs="?", const=True, metavar="FILE",
                    help="also write the HTML report (default DIR/report.html)")
 
 
@@ -381,8 +504,9 @@ def _result_dir(out: Path | None, verb: str, command: list[str], result_file: st
         _error(f"give the training command after --, e.g. gpufeed {verb} -- python train.py")
         return None
     out = out or default_run_dir([f"{verb}-{_command_name(command)}"])
-    if (out / result_file).exists():
-        _error(f"{out} already holds a {verb} result: choose another --out, or remove it first.")
+    problem = dir_problem(out, "--out", result_file, f"{verb} result")
+    if problem:
+        _error(problem)
         return None
     return out
 
@@ -390,8 +514,12 @@ def _result_dir(out: Path | None, verb: str, command: list[str], result_file: st
 def _copy_result(result: Path, path: Path | None, console: Console) -> None:
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.read_text())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.read_text())
+    except OSError as error:  # checked before the run; the directory may have changed since
+        _error(f"cannot write {path}: {error.strerror}.")
+        return
     console.print(f"Result written to {path}", style="dim")
 
 
@@ -442,7 +570,7 @@ def _analyze(args: argparse.Namespace, console: Console) -> int:
     try:
         record = load_runs(args.run_dir)
     except RecordError as error:
-        _error(str(error))
+        _error(_trials_hint(args.run_dir) or str(error))
         return EXIT_BAD_RECORD
     diagnosis = analyze_record(record)
     render(diagnosis, console)
@@ -467,6 +595,17 @@ def _what_if(args: argparse.Namespace, console: Console) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     return EXIT_OK
+
+
+def _trials_hint(dirs: list[Path]) -> str | None:
+    """A tune or batch-size directory given to analyze: its runs are its trials."""
+    for d in dirs:
+        trials = d / "trials"
+        if trials.is_dir() and not (d / "meta.json").exists():
+            example = next((p for p in sorted(trials.iterdir()) if (p / "meta.json").exists()), trials / "NAME")
+            return (f"{d} is a tune or batch-size directory, not a run: analyze one of its trials, e.g. "
+                    f"gpufeed analyze {example} (or see them all: gpufeed report {d}).")
+    return None
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
@@ -529,8 +668,14 @@ def _start_exporter(run_dir: Path, port: int, addr: str, console: Console):
         _error("--prometheus needs the prometheus_client package: pip install 'gpufeed[prometheus]'.")
         return None
     except OSError as error:
-        _error(f"cannot serve Prometheus metrics on {addr}:{port} ({error.strerror or error}); choose another "
-               "--prometheus port.")
+        import errno
+        import socket
+        if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+            _error(f"--prometheus-addr {addr!r} is not a valid address of this host ({error.strerror or error}): "
+                   "give one of its IP addresses, or 0.0.0.0 for all.")
+        else:
+            _error(f"cannot serve Prometheus metrics on {addr}:{port} ({error.strerror or error}); choose another "
+                   "--prometheus port.")
         return None
     console.print(f"Prometheus metrics on http://{addr}:{port}/metrics", style="dim")
     return server
@@ -553,8 +698,12 @@ def _write_tensorboard(record_or_dir, log_dir: Path | None, console: Console) ->
 def _write_json(diagnosis, path: Path | None, console: Console) -> None:
     if path is None:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(diagnosis.to_dict(), indent=2) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(diagnosis.to_dict(), indent=2) + "\n")
+    except OSError as error:  # checked before the run; the directory may have changed since
+        _error(f"cannot write {path}: {error.strerror}.")
+        return
     console.print(f"Diagnosis written to {path}", style="dim")
 
 

@@ -225,3 +225,20 @@ WHATIF_MIN_FREE_CORES = 0.25
 WHATIF_TIE_SHARE = 0.02
 # The least uncertainty a prediction carries beyond its cost quartiles: the tune's noise floor.
 WHATIF_NOISE_FLOOR = 0.03
+
+# -- Reliability: stopping the command, and what a run must measure to be judged --------------------
+# Time the command gets to end by itself once gpufeed asks it to stop (Ctrl-C, SIGTERM to gpufeed,
+# a stall): long enough for a framework's own handler to save a checkpoint of a small model, short
+# enough that a stuck command does not keep a terminal. Docker's `docker stop` waits 10 s,
+# Kubernetes 30 s, systemd 90 s; Ctrl-C is interactive, so less. `--grace S` changes it.
+STOP_GRACE_S = 5.0
+# An iterator's first batch waits for the workers to start (spawn start-up imports the script's
+# modules and torch afresh in each worker: seconds to tens of seconds) and for a shuffle buffer or
+# a cache to fill: it gets its own limit, ten times the default stall timeout, before it counts as
+# a stall. `--first-batch-timeout S` changes it.
+FIRST_BATCH_TIMEOUT_S = 600.0
+# Findings need this many measured steps (after the warm-up): a share or a percentile of fewer
+# steps is one or two batches' accident (a slow first read, a cache miss), and a run that crashed
+# or stalled after two steps has measured nothing about its steady state. Ten steps put p50 on
+# the middle of ten values; the rank rules ask for twice as many (IMBALANCE_MIN_VALUES).
+MIN_STEPS_FOR_FINDINGS = 10

@@ -19,3 +19,8 @@ def human_bytes(value: float | None) -> str:
             return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 configuration``, ``3 configurations``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -69,3 +69,12 @@ def test_unreadable_run_dirs_are_refused_with_a_reason(tmp_path, case, expected)
         (run / schema.META_FILE).write_text(json.dumps({"schema_version": schema.SCHEMA_VERSION + 1}))
     with pytest.raises(RecordError, match=expected):
         load_run(run)
+
+
+def test_nothing_usable_is_refused(tmp_path):
+    run = tmp_path / "run"
+    (run / schema.EVENTS_DIR).mkdir(parents=True)
+    (run / schema.META_FILE).write_text(json.dumps({"schema_version": 1, "command": "python train.py"}))
+    (run / schema.SAMPLES_FILE).write_text('{"t": "soon"}\n')
+    with pytest.raises(RecordError, match="nothing usable"):
+        load_run(run)

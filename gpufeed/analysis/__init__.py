@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpufeed import thresholds as th
 from gpufeed.analysis import ranks, rules, whatif
 from gpufeed.analysis.findings import SEVERITY_ORDER, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics, loader_summaries
@@ -27,12 +28,16 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     findings += rules.unexplained_losses(ctx, findings)
     # Ranked by the time they cost; findings that cost nothing measurable come last.
     findings.sort(key=lambda f: (-(f.cost_share or 0.0), SEVERITY_ORDER[f.severity]))
-    warnings = list(record.warnings) + ranks.rank_warnings(record, metrics)
+    too_few = _too_few_steps(record, metrics)
+    if too_few:  # no finding from nothing: what was measured is shown, and nothing is concluded from it
+        findings = [f for f in findings if f.id in rules.FINDINGS_WITHOUT_STEPS]
+    warnings = list(record.warnings) + ranks.rank_warnings(record, metrics) + ([too_few] if too_few else [])
     if metrics.throughput_check:
         warnings.append(metrics.throughput_check)
     gpu_error = record.meta.sampler.get("gpu_error")
     return Diagnosis(
-        bottleneck=primary_bottleneck(metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
+        bottleneck=None if too_few else primary_bottleneck(
+            metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
         costs=rules.costs(metrics),
         findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
         run_dirs=[str(p.run_dir) for p in record.parts],
@@ -42,6 +47,15 @@ def analyze_record(record: RunRecord) -> Diagnosis:
              "exit_code": record.meta.exit_code, "message": record.meta.message},
         warnings=warnings, what_if=whatif.what_if(record, training, metrics, findings),
     )
+
+
+def _too_few_steps(record: RunRecord, m: Metrics) -> str | None:
+    """The sentence saying why no finding is drawn, when a DataLoader ran too few measured steps."""
+    if not record.iterators or m.steps >= th.MIN_STEPS_FOR_FINDINGS:
+        return None
+    return (f"only {m.steps} step{'' if m.steps == 1 else 's'} measured after {m.warmup_steps} warm-up "
+            f"step{'' if m.warmup_steps == 1 else 's'}: too few to judge the input pipeline (findings need "
+            f"{th.MIN_STEPS_FOR_FINDINGS}): shown is what was measured, and nothing is concluded from it")
 
 
 def primary_bottleneck(m: Metrics, has_data: bool) -> str | None:

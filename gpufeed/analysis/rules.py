@@ -11,6 +11,7 @@ from gpufeed.analysis.findings import INFO, HIGH, Finding, severity_for
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
 from gpufeed.analysis.ranks import load_imbalance, straggler_rank
 from gpufeed.units import fmt
+from gpufeed.record import schema
 from gpufeed.record.reader import RunRecord
 
 
@@ -372,7 +373,9 @@ def compute_bound(ctx: Context) -> Finding | None:
 
 
 def no_dataloader(ctx: Context) -> Finding | None:
-    if ctx.record.iterators:
+    # A command that failed (a syntax error, a missing script) says why in its end message: "wrap it
+    # in a DataLoader" would be advice drawn from nothing.
+    if ctx.record.iterators or ctx.record.meta.end_reason not in FINISHED_NORMALLY:
         return None
     m = ctx.metrics
     host = f"host CPU averaged {fmt(m.cpu_util_pct, '.0f')}%" if m.cpu_util_pct is not None else "no host samples"
@@ -525,6 +528,10 @@ def blocking_transfer(ctx: Context, share: float) -> Finding:
 def host_idle(ctx: Context, share: float) -> Finding:
     return _host_finding(ctx.metrics, share, "host_idle")
 
+
+FINISHED_NORMALLY = (schema.END_COMPLETED, schema.END_STEPS_REACHED, schema.END_TIMED_OUT)
+# Findings that do not judge the steps, and so stand with too few of them (the stall itself).
+FINDINGS_WITHOUT_STEPS = ("loader_stalled",)
 
 # A tf.data pipeline's own causes come before the generic ones they explain (ties keep this order).
 RULES: tuple[Rule, ...] = (loader_stalled,) + tf_data.RULES + (

@@ -24,6 +24,8 @@ from typing import IO, Any
 import psutil
 
 import gpufeed
+from gpufeed import thresholds as th
+from gpufeed.measure import watchdog as _watchdog
 from gpufeed.measure.inside import probe as _probe
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.outside.sampler import Sampler
@@ -31,8 +33,7 @@ from gpufeed.record import schema
 from gpufeed.record.writer import write_json_atomic
 
 BOOTSTRAP_DIR = Path(_probe.__file__).with_name("bootstrap")
-INTERRUPT_GRACE_S = 5.0   # time the command gets to handle Ctrl-C (save a checkpoint, say)
-TERMINATE_GRACE_S = 3.0   # time between SIGTERM and SIGKILL
+TERMINATE_GRACE_S = 1.0   # after the grace: SIGTERM to the whole group, then SIGKILL this much later
 LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
 STDERR_TAIL_LINES = 20
 POLL_S = 0.05
@@ -56,6 +57,10 @@ class RunOptions:
     steps: int | None = None         # measured steps after warm-up; None: run to the end
     warmup_steps: int = 10
     stall_timeout_s: float | None = 60.0
+    # The stall limit of an iterator's first batch (worker start-up); None: the stall timeout. gpufeed
+    # diagnose gives it th.FIRST_BATCH_TIMEOUT_S; tune and batch-size trials have their own time limit.
+    first_batch_timeout_s: float | None = None
+    grace_s: float = th.STOP_GRACE_S  # time the command gets to end by itself once asked to stop
     interval_s: float = 0.1
     extra_env: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None     # measure this long after warm-up, then end the command (tune trials)
@@ -150,8 +155,13 @@ class _Run:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
 
     def execute(self) -> schema.RunMeta:
+        with StopSignals.active_or_new() as stop:
+            return self._execute(stop)
+
+    def _execute(self, stop: "StopSignals") -> schema.RunMeta:
         # Trials keep the command's standard output on disk: it would garble the progress display.
         stdout = None if self.options.echo_output else open(self.run_dir / schema.STDOUT_FILE, "wb")
+        oom_kills_before = oom_kill_count()
         try:
             child = subprocess.Popen(
                 self.options.command, env=self._child_env(), stdout=stdout, stderr=subprocess.PIPE,
@@ -165,24 +175,45 @@ class _Run:
         finally:
             if stdout is not None:
                 stdout.close()  # the child has its own copy
+        watchdog = Watchdog(child.pid)
         sampler = Sampler(self.run_dir, child.pid, interval_s=self.options.interval_s)
         sampler.start()
         tee = threading.Thread(target=self._tee_stderr, args=(child.stderr,), daemon=True)
         tee.start()
-        previous_sigterm = _sigterm_as_interrupt()
         end_reason: str | None = None
+        ended_in_grace = True
         try:
-            end_reason = self._wait(child, sampler)
-        except KeyboardInterrupt:
-            end_reason = schema.END_INTERRUPTED
-            _signal_group(child.pid, signal.SIGINT)
-            _wait_quietly(child, INTERRUPT_GRACE_S)
+            end_reason = self._wait(child, sampler, stop)
+            if end_reason is not None:
+                ended_in_grace = self._ask_to_stop(child, stop.first if end_reason == schema.END_INTERRUPTED
+                                                   else signal.SIGTERM)
         finally:
             _terminate_tree(child, sampler)
-            signal.signal(signal.SIGTERM, previous_sigterm)
             self.meta.sampler = sampler.stop()
             tee.join(timeout=2.0)
-        return self._finish_from_exit(end_reason, child.returncode)
+            watchdog.done()
+        stopped = end_reason == schema.END_INTERRUPTED and stop.first is not None
+        self.meta.stop_signal = signal.Signals(stop.first).name if stopped else None
+        self.meta.killed_after_grace_s = None if ended_in_grace else self.options.grace_s
+        oom_kills = _difference(oom_kill_count(), oom_kills_before)
+        return self._finish_from_exit(end_reason, child.returncode, oom_kills)
+
+    def _ask_to_stop(self, child: subprocess.Popen, sig: int) -> bool:
+        """Ask the command to end (Ctrl-C: SIGINT to its group, as a terminal does; else SIGTERM to
+        its main process, whose handler may save a checkpoint) and give it the grace to do so.
+        True if it ended within the grace."""
+        if sig == signal.SIGINT:
+            _signal_group(child.pid, signal.SIGINT)
+        else:
+            try:
+                child.send_signal(signal.SIGTERM)
+            except OSError:
+                pass
+        try:
+            child.wait(timeout=self.options.grace_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
     def _child_env(self) -> dict[str, str]:
         env = bootstrap_env({**os.environ, **self.options.extra_env})
@@ -194,14 +225,18 @@ class _Run:
             env[_probe.ENV_WARMUP_STEPS] = str(self.options.warmup_steps)
         if self.options.stall_timeout_s:
             env[_probe.ENV_STALL_TIMEOUT] = str(self.options.stall_timeout_s)
+            first = max(self.options.first_batch_timeout_s or 0.0, self.options.stall_timeout_s)
+            env[_probe.ENV_FIRST_BATCH_TIMEOUT] = str(first)
         return env
 
-    def _wait(self, child: subprocess.Popen, sampler: Sampler) -> str | None:
+    def _wait(self, child: subprocess.Popen, sampler: Sampler, stop: "StopSignals") -> str | None:
         stall_marker = self.run_dir / schema.STALL_MARKER
         steps_marker = self.run_dir / schema.STEPS_REACHED_MARKER
         deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s else None
         steps_reached_at = None
         while child.poll() is None:
+            if stop.first is not None:
+                return schema.END_INTERRUPTED
             if stall_marker.exists():
                 self._record_stall(stall_marker, sampler)
                 return schema.END_STALLED
@@ -240,7 +275,8 @@ class _Run:
         if partial:
             self.stderr_tail.append(partial.decode("utf-8", "replace"))
 
-    def _finish_from_exit(self, end_reason: str | None, exit_code: int | None) -> schema.RunMeta:
+    def _finish_from_exit(self, end_reason: str | None, exit_code: int | None,
+                          oom_kills: int | None = None) -> schema.RunMeta:
         if end_reason is None:
             if (self.run_dir / schema.STEPS_REACHED_MARKER).exists():
                 end_reason = schema.END_STEPS_REACHED
@@ -248,7 +284,10 @@ class _Run:
                 end_reason = schema.END_COMPLETED
             else:
                 end_reason = schema.END_FAILED
-        message = _end_message(end_reason, exit_code, self.meta, list(self.stderr_tail), self.run_dir)
+        message = _end_message(end_reason, exit_code, self.meta, list(self.stderr_tail), self.run_dir, oom_kills)
+        if self.meta.killed_after_grace_s is not None:
+            message += (f" It had not ended {self.meta.killed_after_grace_s:g} s after being asked to stop "
+                        "(--grace), so it was killed.")
         return self._finish(end_reason, exit_code, message)
 
     def _finish(self, end_reason: str, exit_code: int | None, message: str | None) -> schema.RunMeta:
@@ -256,7 +295,7 @@ class _Run:
 
 
 def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, tail: list[str],
-                 run_dir: Path) -> str:
+                 run_dir: Path, oom_kills: int | None = None) -> str:
     if end_reason == schema.END_COMPLETED:
         return "The command finished normally."
     if end_reason == schema.END_STEPS_REACHED:
@@ -268,20 +307,63 @@ def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, t
             ", and nothing was measured in it (was gpufeed's instrumentation loaded? see stderr.log)")
         return f"Stopped at the time limit: the command had not ended by itself{unmeasured}."
     if end_reason == schema.END_INTERRUPTED:
-        return "Interrupted (Ctrl-C): the command and its DataLoader workers were stopped."
+        if meta.stop_signal == "SIGINT":
+            return "Interrupted (Ctrl-C): the command and its DataLoader workers were stopped."
+        return (f"Stopped: gpufeed received {meta.stop_signal or 'a signal'} (from a scheduler or kill), so the "
+                "command and its DataLoader workers were stopped.")
     if end_reason == schema.END_STALLED:
         waited = (meta.stall or {}).get("waited_s")
-        return (f"The DataLoader delivered no batch for {waited:.0f} s, so the command was stopped; "
-                "see what each worker was doing below." if waited else "The DataLoader stalled.")
+        which = "its first batch" if (meta.stall or {}).get("first_batch") else "a batch"
+        return (f"The DataLoader delivered no batch for {waited:.0f} s (waiting for {which}), so the command was "
+                "stopped; see what each worker was doing below." if waited else "The DataLoader stalled.")
     # The last line that says something: launchers (torchrun) end their reports with a rule of "=".
     last = next((line.strip() for line in reversed(tail) if line.strip(" =-*_\t")), "")
     if exit_code is not None and exit_code < 0:
-        how = f"was killed by {signal.Signals(-exit_code).name}"
+        how = f"was killed by {_signal_name(-exit_code)}"
         if -exit_code == signal.SIGKILL:
-            how += " (the kernel's out-of-memory killer does this)"
+            how += _sigkill_cause(oom_kills)
     else:
         how = f"exited with code {exit_code}"
     return f"The command {how}" + (f": {last}" if last else ".")
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _sigkill_cause(oom_kills: int | None) -> str:
+    """Who sent a SIGKILL, as far as the evidence goes: the OOM killer only when its count rose."""
+    if oom_kills:
+        return (f" from the kernel's out-of-memory killer (the cgroup's memory.events counted {oom_kills} "
+                "OOM kill(s) during the run)")
+    if oom_kills == 0:
+        return " from outside (another program or a user's kill -9: not the out-of-memory killer, whose count did not rise)"
+    return " (by another program, a user's kill -9 or the kernel's out-of-memory killer: no memory.events to tell)"
+
+
+def oom_kill_count() -> int | None:
+    """The ``oom_kill`` count of this process's cgroup (v2 memory.events, hierarchical: every OOM kill
+    of a process in it, or below it); None where it cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line.strip().split(":", 2)[2] for line in f if line.startswith("0::")), None)
+        if path is None:
+            return None
+        with open(f"/sys/fs/cgroup{path.rstrip('/')}/memory.events") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _difference(after: int | None, before: int | None) -> int | None:
+    return None if after is None or before is None else after - before
 
 
 def _remove_empty_stack_files(stacks: Path) -> None:
@@ -315,14 +397,78 @@ def _die_with_parent() -> None:
         pass
 
 
-def _sigterm_as_interrupt() -> Any:
-    """A scheduler's SIGTERM to gpufeed ends the run like Ctrl-C: cleanly, with the record kept."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        return signal.getsignal(signal.SIGTERM)
+class StopSignals:
+    """gpufeed's own SIGINT and SIGTERM while a command runs: noted, never raised as an exception.
+
+    The first one stops the run (the runner polls ``first``); repeated Ctrl-C is counted and
+    otherwise ignored, so that the clean-up, the record's end and the diagnosis are never cut short
+    (the grace is bounded, and the watchdog ends everything if gpufeed is killed outright).
+    Nested use (the CLI around run and diagnosis, the runner inside) shares the outermost one.
+    """
+
+    _active: "StopSignals | None" = None
+
+    def __init__(self) -> None:
+        self.first: int | None = None
+        self.count = 0
+        self._depth = 0
+        self._previous: dict[int, Any] = {}
+
+    @classmethod
+    def active_or_new(cls) -> "StopSignals":
+        return cls._active if cls._active is not None else cls()
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.first is None:
+            self.first = signum
+
+    def __enter__(self) -> "StopSignals":
+        if StopSignals._active is self:
+            self._depth += 1
+            return self
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._note)
+        self._depth = 1
+        StopSignals._active = self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        StopSignals._active = None
+
+
+class Watchdog:
+    """The ``gpufeed.measure.watchdog`` process for one command (see there): it ends the command if
+    gpufeed dies before ``done()``."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc: subprocess.Popen | None = None
+        try:
+            # -I: the watchdog needs only psutil, whatever the user's PYTHONPATH holds.
+            self.proc = subprocess.Popen([sys.executable, "-I", _watchdog.__file__, str(pid)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError as error:  # the command still runs; only the safety net is missing
+            sys.stderr.write(f"gpufeed: the watchdog could not start ({error.strerror}); if gpufeed is killed, "
+                             "end the command yourself.\n")
+
+    def done(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.write(_watchdog.DONE)
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -331,15 +477,6 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
-
-
-def _wait_quietly(child: subprocess.Popen, timeout_s: float) -> None:
-    try:
-        child.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
-    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting, terminate
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

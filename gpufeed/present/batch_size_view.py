@@ -9,7 +9,7 @@ from rich.text import Text
 
 from gpufeed import thresholds as th
 from gpufeed.batchsize.result import OK, BatchSizeResult, BatchTrial
-from gpufeed.units import fmt, human_bytes
+from gpufeed.units import count, fmt, human_bytes
 
 
 class TrialLines:
@@ -78,6 +78,6 @@ def render_batch_size(result: BatchSizeResult, console: Console, out_dir: Path |
                           highlight=False)
     for note in result.notes:
         console.print(Text(f"note: {note}", style="dim"))
-    console.print(Text(f"note: {len(result.trials)} trials, {result.elapsed_s:.0f} s", style="dim"))
+    console.print(Text(f"note: {count(len(result.trials), 'trial')}, {result.elapsed_s:.0f} s", style="dim"))
     if out_dir is not None:
         console.print(Text(f"Trials and their run records: {out_dir}", style="dim"))

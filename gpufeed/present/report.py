@@ -33,7 +33,7 @@ from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.metrics import loader_summaries
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
 from gpufeed.present.terminal import costs_sentence, numbers_table
-from gpufeed.record import schema
+from gpufeed.record import schema, validate
 from gpufeed.record.reader import RecordError, RunRecord, SchemaTooNew, load_run
 from gpufeed.units import NA, fmt, human_bytes
 
@@ -287,7 +287,7 @@ def _histogram(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
 def _read_doc(path: Path, expected: str, problems: list[str]) -> dict[str, Any] | None:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         problems.append(f"{path} is unreadable or truncated ({error}).")
         return None
     found = doc.get("schema") if isinstance(doc, dict) else None
@@ -298,6 +298,10 @@ def _read_doc(path: Path, expected: str, problems: list[str]) -> dict[str, Any] 
                             "upgrade gpufeed to read it.")
         else:
             problems.append(f"{path} has no schema {expected!r}: it was not written by gpufeed.")
+        return None
+    problem = validate.doc_problem(doc, validate.TUNE_DOC if expected == TUNE_SCHEMA else validate.BATCH_SIZE_DOC)
+    if problem:
+        problems.append(f"{path} is missing fields or has wrong types: {problem}.")
         return None
     return doc
 

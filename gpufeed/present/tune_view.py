@@ -13,7 +13,7 @@ from rich.text import Text
 from gpufeed.measure.inside.overrides import LoaderSettings
 from gpufeed.record.reader import live_throughput
 from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
-from gpufeed.units import fmt
+from gpufeed.units import count, fmt
 
 REFRESH_S = 0.5
 
@@ -110,7 +110,7 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
         notes.append(f"the budget of {result.budget_s:.0f} s ran out: the search stopped early")
     elif result.stopped == "interrupted":
         notes.append("interrupted (Ctrl-C): best of the trials measured so far")
-    notes.append(f"{len(result.trials)} configurations, {sum(len(t.runs) for t in result.trials)} runs, "
+    notes.append(f"{count(len(result.trials), 'configuration')}, {count(sum(len(t.runs) for t in result.trials), 'run')}, "
                  f"{result.elapsed_s:.0f} s")
     for note in notes:
         console.print(Text(f"note: {note}", style="dim"))

@@ -1,19 +1,24 @@
 """Load a run directory into typed, array-backed objects for the analysis.
 
 A run that crashed or was killed leaves torn last lines and no end in ``meta.json``: they are
-read as far as they go, and each gap becomes a warning rather than an error. Only a directory with
+read as far as they go, and each gap becomes a warning rather than an error. Every line is checked
+against the schema (``validate.py``): one that does not fit is skipped and counted, with its file
+and line, and a field of ``meta.json`` that does not fit is read as unknown. Only a directory with
 no readable ``meta.json``, or one written by a newer gpufeed, is refused.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from gpufeed.record import schema
+from gpufeed.record import schema, validate
 
 
 class RecordError(Exception):
@@ -124,25 +129,36 @@ class RunRecord:
         return out
 
 
-def _lines(path: Path, warnings: list[str]) -> Iterator[dict[str, Any]]:
+def _lines(path: Path, warnings: list[str], problem=validate.event_problem) -> Iterator[dict[str, Any]]:
+    """The lines of a JSON-lines file that are objects fitting the schema (``problem`` says why not);
+    the others are skipped, counted and named in one warning per file."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError as error:
         warnings.append(f"{path.name}: unreadable ({error.strerror})")
         return
-    bad = 0
-    for line in text.splitlines():
+    torn, wrong = 0, []
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
-            bad += 1
+        except (ValueError, RecursionError):
+            torn += 1
             continue
-        if isinstance(obj, dict):
-            yield obj
-    if bad:
-        warnings.append(f"{path.parent.name}/{path.name}: skipped {bad} truncated line(s)")
+        why = problem(obj) if isinstance(obj, dict) else f"not an object but {type(obj).__name__}"
+        if why:
+            wrong.append((number, why))
+            continue
+        yield obj
+    name = path.name if path.parent.name != schema.EVENTS_DIR else f"{schema.EVENTS_DIR}/{path.name}"
+    if torn:
+        warnings.append(f"{name}: skipped {torn} truncated line(s)")
+    if wrong:
+        first, why = wrong[0]
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        warnings.append(f"{name}: skipped {len(wrong)} line(s) that do not fit the run-record schema: "
+                        f"line {first}, {why}{more}")
 
 
 def _rows(rows: list[list[Any]], width: int) -> np.ndarray:
@@ -155,7 +171,9 @@ def _rows(rows: list[list[Any]], width: int) -> np.ndarray:
     return out
 
 
-def load_meta(run_dir: str | Path) -> schema.RunMeta:
+def load_meta(run_dir: str | Path, warnings: list[str] | None = None) -> schema.RunMeta:
+    """``meta.json``; a field missing or of the wrong type is read as unknown (its default, or a
+    stand-in) and named in ``warnings``."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RecordError(f"{run_dir} is not a directory (expected a gpufeed run directory).")
@@ -164,24 +182,53 @@ def load_meta(run_dir: str | Path) -> schema.RunMeta:
         raw = json.loads(meta_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RecordError(f"{run_dir} has no {schema.META_FILE}: it is not a gpufeed run directory.") from None
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise RecordError(f"{meta_path} is unreadable or truncated ({error}).") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+    if not isinstance(raw, dict) or not validate.fits(raw.get("schema_version"), int):
         raise RecordError(f"{meta_path} has no schema_version: it was not written by gpufeed.")
     if raw["schema_version"] > schema.SCHEMA_VERSION:
         raise SchemaTooNew(f"{run_dir} uses run-record schema {raw['schema_version']}, newer than this "
                           f"gpufeed understands ({schema.SCHEMA_VERSION}): upgrade gpufeed to read it.")
-    try:
-        return schema.RunMeta.from_dict(raw)
-    except TypeError as error:
-        raise RecordError(f"{meta_path} is missing fields ({error}).") from None
+    fields, unknown = _meta_fields(raw, run_dir.name)
+    if unknown and warnings is not None:
+        warnings.append(f"{schema.META_FILE}: {', '.join(unknown)} missing or of the wrong type: read as unknown")
+    return schema.RunMeta(**fields)
+
+
+# Stand-ins for meta.json's required fields when they are missing or wrong: unknown, never a guess
+# that the analysis would take for a measurement (cpu_count is then read off the samples).
+_META_STAND_INS: dict[str, Any] = {"gpufeed_version": "?", "command": [], "cwd": "", "hostname": "",
+                                   "cpu_count": 0, "started_at_unix": math.nan, "clock_offset_s": 0.0,
+                                   "t_start": math.nan}
+
+
+def _meta_fields(raw: dict[str, Any], name: str) -> tuple[dict[str, Any], list[str]]:
+    hints = typing.get_type_hints(schema.RunMeta)
+    fields: dict[str, Any] = {}
+    unknown: list[str] = []
+    for f in dataclasses.fields(schema.RunMeta):
+        value = raw.get(f.name)
+        ok = f.name in raw and validate.fits(value, hints[f.name])
+        if ok and f.name == "stall" and value is not None:
+            ok = validate.fields_problem(value, validate.STALL) is None
+        if ok and f.name == "sampler":
+            ok = validate.fields_problem(value, validate.SAMPLER) is None
+        if ok:
+            fields[f.name] = value
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if f.name in raw or required:
+            unknown.append(f.name)
+        if required:
+            fields[f.name] = name if f.name == "name" else _META_STAND_INS[f.name]
+    return fields, unknown
 
 
 def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunRecord:
     """Read a run directory; ``meta`` stands in for a lost ``meta.json`` (the report reads what is left)."""
     run_dir = Path(run_dir)
-    meta = meta if meta is not None else load_meta(run_dir)
     warnings: list[str] = []
+    meta = meta if meta is not None else load_meta(run_dir, warnings)
     if meta.end_reason is None:
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
@@ -259,10 +306,16 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
                                  rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))
                      for pid, f in sorted(fetches.items())]
+    samples = _load_samples(run_dir / schema.SAMPLES_FILE, max(meta.cpu_count, 1), warnings)
+    if not (meta.command or meta.end_reason or processes or iterators or fetches or len(samples)):
+        raise RecordError(f"{run_dir} holds nothing usable: {schema.META_FILE} does not say what ran or how it "
+                          f"ended, and no event or sample fits the run-record schema ({'; '.join(warnings)}).")
+    if meta.cpu_count < 1:  # unknown (meta.json did not say): as many cores as the sampler saw
+        meta.cpu_count = samples.cpu_pct.shape[1] or 1
     return RunRecord(
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
         fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
-        samples=_load_samples(run_dir / schema.SAMPLES_FILE, meta.cpu_count, warnings),
+        samples=samples,
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles,
@@ -274,7 +327,7 @@ def _num(value: Any) -> float:
 
 
 def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
-    lines = list(_lines(path, warnings)) if path.exists() else []
+    lines = list(_lines(path, warnings, validate.sample_problem)) if path.exists() else []
     if not path.exists():
         warnings.append(f"no {schema.SAMPLES_FILE}: no host or GPU timeline")
     cores = max((len(s.get("cpu_pct") or []) for s in lines), default=cpu_count)

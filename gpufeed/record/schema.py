@@ -34,7 +34,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s]: host-to-device tensor copies; host_s is
               the host's time in the call (a blocking copy first waits for queued GPU work), copy_s
               the copy's own time from CUDA events around it (null where not resolved)
-``stall``     pid, iter_id, t_request, waited_s: no batch for ``--stall-timeout`` seconds
+``stall``     pid, iter_id, t_request, waited_s, worker_pids, first_batch: no batch for ``--stall-timeout``
+              seconds (``--first-batch-timeout`` for an iterator's first batch)
 ``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
               uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception); memory at exit where readable:
               rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
@@ -153,6 +154,8 @@ class RunMeta:
     # Which CPUs and why (``measure/outside/cpus.py``): count, cores, host_count, quota_cpus, slurm_cpus,
     # limited_by. None in records written before it existed: the whole host.
     cpus: dict[str, Any] | None = None
+    stop_signal: str | None = None   # the signal gpufeed received that stopped the run ("SIGINT", "SIGTERM")
+    killed_after_grace_s: float | None = None  # the command did not end this long after being asked: killed
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

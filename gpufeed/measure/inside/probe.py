@@ -39,6 +39,7 @@ from gpufeed.record.writer import JsonlWriter, write_json_atomic
 ENV_RUN_DIR = "GPUFEED_RUN_DIR"
 ENV_MAX_STEPS = "GPUFEED_MAX_STEPS"          # end the process after this many batches (warm-up included)
 ENV_STALL_TIMEOUT = "GPUFEED_STALL_TIMEOUT"  # seconds without a batch before a loader counts as stuck
+ENV_FIRST_BATCH_TIMEOUT = "GPUFEED_FIRST_BATCH_TIMEOUT"  # the same for an iterator's first batch (worker start-up)
 ENV_MAX_SECONDS = "GPUFEED_MAX_SECONDS"      # end the process this long after the warm-up (tune trials)
 ENV_WARMUP_STEPS = "GPUFEED_WARMUP_STEPS"    # the warm-up ENV_MAX_SECONDS counts from
 
@@ -62,6 +63,7 @@ CUDA_CHECK_EVERY = 16
 FEEDER_EXIT_WAIT_S = 5.0
 
 _clock = time.perf_counter
+_getsignal = signal.getsignal  # before _flush_on_sigterm hides its handler from signal.getsignal
 # One id per DataLoader object, kept on the object: never reused after garbage collection (a loader
 # built anew each epoch gets a new id every time), nor by a later probe in the same process.
 _loader_ids = itertools.count()
@@ -183,11 +185,13 @@ class Probe:
 
     def __init__(self, run_dir: str, max_steps: int | None = None, stall_timeout_s: float | None = None,
                  flush_interval_s: float = FLUSH_INTERVAL_S, max_seconds: float | None = None,
-                 warmup_steps: int = 0) -> None:
+                 warmup_steps: int = 0, first_batch_timeout_s: float | None = None) -> None:
         self.run_dir = run_dir
         self.max_steps = max_steps
         self.max_seconds = max_seconds
         self.stall_timeout_s = stall_timeout_s
+        # Worker start-up (spawn) and a filling shuffle buffer delay the first batch: it gets longer.
+        self.first_batch_timeout_s = max(first_batch_timeout_s or 0.0, stall_timeout_s or 0.0) or None
         self.flush_interval_s = flush_interval_s
         self.total_steps = 0
         self.deadline: float | None = None
@@ -467,18 +471,25 @@ class Probe:
             _stop_main_thread()
         raise SystemExit(0)
 
+    def _stall_limit(self, state: _IteratorState) -> float:
+        if state.next_index == 0 and self.first_batch_timeout_s is not None:
+            return self.first_batch_timeout_s
+        return self.stall_timeout_s
+
     def _check_stall(self) -> None:
-        timeout = self.stall_timeout_s
-        if timeout is None or self.stall_reported:
+        if self.stall_timeout_s is None or self.stall_reported:
             return
         now = _clock()
         with self._lock:
             waiting = [(it.waiting_since, it) for it in self._iterators]
-        waiting = [(since, it) for since, it in waiting if since and now - since >= timeout]
+        # An iterator's first batch waits for its workers to start (and a shuffle buffer to fill):
+        # it has its own, longer limit (--first-batch-timeout).
+        waiting = [(since, it) for since, it in waiting if since and now - since >= self._stall_limit(it)]
         if not waiting:
             return
         self.stall_reported = True
         since, state = min(waiting, key=lambda pair: pair[0])
+        first_batch = state.next_index == 0
         worker_pids = state.worker_pids
         stacks = os.path.join(self.run_dir, schema.STACKS_DIR)
         os.makedirs(stacks, exist_ok=True)
@@ -490,7 +501,7 @@ class Probe:
             except OSError:
                 pass
         stall = {"pid": self._pid, "iter_id": state.iter_id, "t_request": since,
-                 "waited_s": _clock() - since, "worker_pids": worker_pids}
+                 "waited_s": _clock() - since, "worker_pids": worker_pids, "first_batch": first_batch}
         self.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
         self.flush()
         write_json_atomic(os.path.join(self.run_dir, schema.STALL_MARKER), stall)
@@ -1070,8 +1081,10 @@ def install_from_env() -> Probe | None:
     max_steps = os.environ.get(ENV_MAX_STEPS)
     stall = os.environ.get(ENV_STALL_TIMEOUT)
     max_seconds = os.environ.get(ENV_MAX_SECONDS)
+    first_batch = os.environ.get(ENV_FIRST_BATCH_TIMEOUT)
     probe = Probe(run_dir, max_steps=int(max_steps) if max_steps else None,
                   stall_timeout_s=float(stall) if stall else None,
+                  first_batch_timeout_s=float(first_batch) if first_batch else None,
                   max_seconds=float(max_seconds) if max_seconds else None,
                   warmup_steps=_env_int(ENV_WARMUP_STEPS) or 0)
     note_process(probe)
@@ -1111,21 +1124,38 @@ def _env_int(*names: str) -> int | None:
 
 
 def _flush_on_sigterm(probe: Probe) -> None:
-    """SIGTERM skips atexit: write what was measured, then die of SIGTERM as the user's code would."""
+    """SIGTERM skips atexit: write what was measured, then die of SIGTERM as the user's code would.
+
+    The handler is invisible: ``signal.getsignal(SIGTERM)`` still answers what was there before, so
+    a framework that installs its own only where none is (Lightning saves a checkpoint on
+    preemption) still does, and replaces this one. If such a handler chains to this one, it only
+    flushes: ending the process is then the other handler's decision, never re-killed from here.
+    """
     if threading.current_thread() is not threading.main_thread():
         return
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
         return  # the user handles SIGTERM; leave it to them
+    real_getsignal = signal.getsignal
 
     def on_sigterm(signum, frame):
         if probe.stop_requested:  # --steps reached in another thread: end here too, cleanly
             raise SystemExit(0)
+        if real_getsignal(signal.SIGTERM) is not on_sigterm:
+            probe.flush()  # called by another handler: it decides how the process ends
+            return
         probe.exit_code = -signal.SIGTERM
         probe.close(reason="sigterm")
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    def getsignal(signalnum):
+        handler = real_getsignal(signalnum)
+        return previous if handler is on_sigterm else handler
+
+    getsignal.__doc__ = real_getsignal.__doc__
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.getsignal = getsignal
     global _ends_main_thread
     _ends_main_thread = on_sigterm
 
@@ -1153,7 +1183,8 @@ def _stop_main_thread() -> None:
 def _end_main_after(feeder: threading.Thread, main: threading.Thread) -> None:
     feeder.join(timeout=FEEDER_EXIT_WAIT_S)
     try:
-        if _ends_main_thread is not None and signal.getsignal(signal.SIGTERM) is _ends_main_thread:
+        # The real getsignal: the one _flush_on_sigterm installs answers what was there before ours.
+        if _ends_main_thread is not None and _getsignal(signal.SIGTERM) is _ends_main_thread:
             signal.pthread_kill(main.ident, signal.SIGTERM)
             return
     except (OSError, ValueError, AttributeError):
