@@ -31,6 +31,9 @@ def fits(value: Any, hint: Check) -> bool:
     if origin is list:
         (item,) = typing.get_args(hint) or (Any,)
         return isinstance(value, list) and all(fits(v, item) for v in value)
+    if origin is tuple:  # a tuple in the dataclass is a list in JSON: tuple[str, ...] only
+        item = (typing.get_args(hint) or (Any,))[0]
+        return isinstance(value, list) and all(fits(v, item) for v in value)
     if origin is dict:
         key, item = typing.get_args(hint) or (Any, Any)
         return isinstance(value, dict) and all(fits(k, key) and fits(v, item) for k, v in value.items())
