@@ -143,8 +143,10 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         raise CannotPredict("several ranks: the model covers one training process")
     if m.steps < th.WHATIF_MIN_STEPS or m.window_start_t is None or not m.wall_s:
         raise CannotPredict(f"too few steps measured ({m.steps}; the model needs {th.WHATIF_MIN_STEPS})")
+    if m.samples_unknown:
+        raise CannotPredict(f"the samples of its batches are not counted ({m.samples_unknown})")
     t0, t1 = m.window_start_t, m.window_end_t
-    its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
+    its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = np.concatenate([it.steps for it in its])
     steps = steps[np.argsort(steps[:, 1], kind="stable")]
     in_window = steps[(steps[:, 1] >= t0) & (steps[:, 1] < t1)]
@@ -451,7 +453,7 @@ def _run_noise(record: RunRecord, training: LoaderSummary | None, m: Metrics) ->
     noise = th.WHATIF_NOISE_FLOOR
     if training is None or m.window_start_t is None or m.window_end_t is None:
         return noise
-    its = [it for it in record.iterators if it.key == (training.pid, training.loader_id)]
+    its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = np.concatenate([it.steps for it in its])
     t0, t1 = m.window_start_t, m.window_end_t
     mid = (t0 + t1) / 2

@@ -46,7 +46,7 @@ def test_steps_end_a_thread_fed_loop_whose_script_owns_sigterm(tmp_path):
 
 def test_stall_watchdog_sees_a_loader_stuck_in_a_producer_thread(tmp_path):
     diag = diagnose(tmp_path, "thread_fed.py", "--hang-after", "100", "--workers", "1",
-                    options=("--stall-timeout", "3"), expect_exit=cli.EXIT_STALLED, timeout=120)
+                    options=("--stall-timeout", "3", "--first-batch-timeout", "3"), expect_exit=cli.EXIT_STALLED, timeout=120)
     assert diag["run"]["end_reason"] == "stalled"
     stall = json.loads((tmp_path / "run" / "stall.json").read_text())
     assert stall["waited_s"] >= 3
