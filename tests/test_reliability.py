@@ -112,8 +112,9 @@ def test_the_first_batch_has_its_own_stall_limit(tmp_path):
     (tmp_path / schema.EVENTS_DIR).mkdir()
     probe = Probe(str(tmp_path), stall_timeout_s=1.0, first_batch_timeout_s=30.0, flush_interval_s=3600)
     try:
-        state = _IteratorState(0, 8, [])
-        probe.pending = (time.perf_counter() - 5.0, state)  # waiting 5 s for the first batch
+        state = _IteratorState(probe, 0, [])
+        probe._iterators.append(state)
+        state.waiting_since = time.perf_counter() - 5.0  # waiting 5 s inside next() for the first batch
         probe._check_stall()
         assert not probe.stall_reported
         state.next_index = 3  # the same wait for a later batch is a stall

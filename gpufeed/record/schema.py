@@ -96,7 +96,7 @@ END_TIMED_OUT = "timed_out"          # gpufeed ended it at its time limit (tune 
 class LoaderConfig:
     """The DataLoader settings that decide how fast it can feed the step."""
 
-    num_workers: int
+    num_workers: int | None          # null for a tf.data pipeline (docs/tensorflow.md)
     pin_memory: bool
     prefetch_factor: int | None
     persistent_workers: bool
