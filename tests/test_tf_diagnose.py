@@ -78,7 +78,8 @@ def test_custom_loop_with_tf_function_and_steps_limit(tmp_path, monkeypatch):
 
 def test_generator_fed_dataset_names_the_python_stage(tmp_path):
     diag = diagnose(tmp_path, SCRIPT, "generator")
-    assert diag["bottleneck"] == "input", diag["_stdout"]
+    # A real loss whatever dominates: TensorFlow's analyzer calls >= 20% of step time "highly input-bound".
+    assert diag["costs"]["input"] >= 0.20, diag["_stdout"]
     python_stage = _finding(diag, "tf_python_stage")
     assert "Dataset.from_generator" in python_stage["message"]
     assert "tf_sequential_map" not in _ids(diag)   # more parallel calls cannot beat the GIL
