@@ -23,6 +23,10 @@ WORKER_ASLEEP_CPU_RATIO = 0.5
 # The host counts as saturated when its cores are this busy on average: SageMaker's CPUBottleneck
 # rule counts a core > 90% busy as a bottleneck.
 CPU_SATURATED_PCT = 90.0
+# ...and already when the CPU-bound workers are as many as the cores and the cores are this busy: the
+# training process takes turns with them, so the sampler's 100 ms per-core readings of one saturated
+# loop (2 CPU-bound workers on 2 cores) ranged 86-97% busy over ten runs measured here.
+CPU_SATURATED_FULL_WORKERS_PCT = 75.0
 # Workers contend when the CPU-bound ones are runnable but not running: they are on the CPU for
 # less than this share of their fetch time although the host is saturated.
 WORKER_CONTENDED_CPU_RATIO = 0.8

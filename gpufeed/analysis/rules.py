@@ -32,7 +32,11 @@ def _input_bound(m: Metrics) -> bool:
 
 
 def _host_saturated(m: Metrics) -> bool:
-    return m.cpu_util_pct is not None and m.cpu_util_pct >= th.CPU_SATURATED_PCT
+    if m.cpu_util_pct is None:
+        return False
+    workers_fill_cores = m.num_workers is not None and m.num_workers >= m.cpu_count
+    bar = th.CPU_SATURATED_FULL_WORKERS_PCT if workers_fill_cores else th.CPU_SATURATED_PCT
+    return m.cpu_util_pct >= bar
 
 
 def _workers_asleep(m: Metrics) -> bool:
