@@ -24,7 +24,7 @@ labels = np.random.default_rng(1).integers(0, 10, N)
 
 def augment(x, y):
     x = x + tf.random.uniform(tf.shape(x), maxval=0.01)   # random: a stateful function
-    for _ in range(250):
+    for _ in range(500):
         x = tf.sin(x) * 1.0001 + 0.0001
     return x, y
 

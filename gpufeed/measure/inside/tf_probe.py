@@ -35,6 +35,19 @@ PROFILE_DIR = "tf-profile"  # <run_dir>/tf-profile/<pid>/: TensorFlow's own trac
 _clock = time.perf_counter
 
 
+def unix_to_clock_offset_s(tries: int = 16) -> float:
+    """``time.time() - _clock()``, from the bracketed read with the shortest bracket: one unlucky
+    preemption between two plain reads would shift every traced wait by milliseconds."""
+    best_gap, best = float("inf"), 0.0
+    for _ in range(tries):
+        before = _clock()
+        unix = time.time()
+        after = _clock()
+        if after - before < best_gap:
+            best_gap, best = after - before, unix - (before + after) / 2
+    return best
+
+
 class TfProbe:
     def __init__(self, run_dir: str) -> None:
         self.run_dir = run_dir
@@ -42,7 +55,7 @@ class TfProbe:
         self.steps_started = 0
         self.t_profile: float | None = None     # when the profiler started; None before
         self.finished = False
-        self.unix_to_clock_s = time.time() - _clock()
+        self.unix_to_clock_s = unix_to_clock_offset_s()
         self.logdir = os.path.join(run_dir, PROFILE_DIR, str(os.getpid()))
         self.pipelines: list[dict[str, Any]] = []          # one per dataset object seen
         self._pipeline_of: dict[int, int] = {}              # id(dataset) -> index in pipelines

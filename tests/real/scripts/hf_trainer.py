@@ -52,7 +52,7 @@ def main() -> None:
         save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=args.workers,
         disable_tqdm=True)
     trainer = CountingTrainer(model=Classifier(), args=training_args,
-                              train_dataset=Slow(8 * 40, 4.0, as_dict=True), eval_dataset=Slow(48, 1.0, as_dict=True))
+                              train_dataset=Slow(8 * 40, 6.0, as_dict=True), eval_dataset=Slow(48, 1.0, as_dict=True))
     trainer.train()  # TRAINER-TRAIN
     print("hf_trainer: done", flush=True)
 

@@ -13,7 +13,7 @@ from own_count import OwnCount
 def batches(n: int):
     """The user's pipeline: each batch takes a while to read (a sleep: storage latency)."""
     for i in range(n):
-        time.sleep(0.01)
+        time.sleep(0.02)
         yield torch.full((8, 16), float(i % 5)), torch.arange(8) % 3
 
 
