@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpufeed"
 
 # Lowest first. A name stands for the module or package of that name and everything below it.
 LAYERS: list[list[str]] = [
-    ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds"],
+    ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds", "gpufeed.settings"],
     ["gpufeed.record"],
     ["gpufeed.measure"],                                     # the package itself (a docstring)
     ["gpufeed.measure.inside", "gpufeed.measure.outside"],   # inside the training process; outside it

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpufeed import thresholds as th
-from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun
 from gpufeed.tune.search import BaselineFailed, Search, normalise
 

@@ -29,10 +29,11 @@ from gpufeed import thresholds as th
 from gpufeed.analysis import analyze_record
 from gpufeed.batchsize.result import FAILED, OK, OOM, BatchTrial
 from gpufeed.batchsize.search import NothingFits
-from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Overrides
+from gpufeed.measure.inside.overrides import ENV_OVERRIDES, Overrides
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
 from gpufeed.record.reader import RunRecord, load_run
+from gpufeed.settings import LoaderSettings
 from gpufeed.tune.command import trial_time_limit
 from gpufeed.units import human_bytes
 

@@ -20,11 +20,12 @@ from gpufeed.analysis import analyze
 from gpufeed.analysis.findings import Diagnosis
 from gpufeed.analysis.metrics import LoaderSummary
 from gpufeed.analysis.rules import keras_wrapped
-from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Overrides
+from gpufeed.measure.inside.overrides import ENV_OVERRIDES, Overrides
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run
+from gpufeed.settings import LoaderSettings
 from gpufeed.record.writer import write_json_atomic
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, Trial, TrialRun, TuneResult
 from gpufeed.tune.search import BaselineFailed, Search

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufeed.measure.inside.overrides import LoaderSettings, apply
+from gpufeed.measure.inside.overrides import apply
 from gpufeed.measure.outside.cpus import usable_cpus
+from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun, TuneResult
 from gpufeed.tune.search import Search
 

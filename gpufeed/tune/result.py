@@ -8,7 +8,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufeed.measure.inside.overrides import CONFIG_FORMAT, LoaderSettings
+from gpufeed.measure.inside.overrides import CONFIG_FORMAT
+from gpufeed.settings import LoaderSettings
 
 OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 TUNE_FORMAT = "gpufeed.tune/1"
