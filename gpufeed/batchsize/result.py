@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufeed import thresholds as th
+from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 
-OK, OOM, FAILED = "ok", "oom", "failed"
+OOM = "oom"  # the trial ran out of memory: the batch does not fit
 FORMAT = "gpufeed.batch_size/1"
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from gpufeed.measure.inside.overrides import CONFIG_FORMAT
 from gpufeed.settings import LoaderSettings
+from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 
-OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 TUNE_FORMAT = "gpufeed.tune/1"
 
 
