@@ -60,3 +60,11 @@ class LoaderSettings:
             parts.append(f"b{self.batch_size}")
         return " ".join(parts) or "as is"
 
+    def label_beside_workers(self) -> str:
+        """The settings other than num_workers, in words, naming a line of trials plotted against
+        num_workers: ``prefetch 4 · persistent``, or ``the script's own`` when none is set."""
+        parts = [f"prefetch {self.prefetch_factor}" if self.prefetch_factor is not None else None,
+                 "persistent" if self.persistent_workers else None,
+                 "pin_memory" if self.pin_memory else None,
+                 f"{self.worker_threads} threads/worker" if self.worker_threads is not None else None]
+        return " · ".join(p for p in parts if p) or "the script's own"
