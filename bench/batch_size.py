@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpufeed.batchsize.result import BatchTrial  # noqa: E402
 from gpufeed.batchsize.search import BatchSearch  # noqa: E402
-from gpufeed.batchsize.trials import BatchSizeOptions, BatchTrials, available_ram_b  # noqa: E402
+from gpufeed.batchsize.trials import BatchSizeOptions, BatchTrials  # noqa: E402
+from gpufeed.trials.limits import available_ram_b  # noqa: E402
 from gpufeed.units import human_bytes  # noqa: E402
 
 # name: (script and arguments, budget, environment). glibc's malloc serves a tensor of less than its

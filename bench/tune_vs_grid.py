@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpufeed import thresholds as th  # noqa: E402
 from gpufeed.analysis import analyze  # noqa: E402
-from gpufeed.measure.inside.overrides import LoaderSettings  # noqa: E402
+from gpufeed.settings import LoaderSettings  # noqa: E402
 from gpufeed.record import schema  # noqa: E402
 from gpufeed.record.reader import load_meta  # noqa: E402
 from gpufeed.tune.command import CommandTrials, TuneOptions, tune_command  # noqa: E402

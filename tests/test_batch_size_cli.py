@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from gpufeed import cli
-from gpufeed.batchsize.trials import out_of_memory
+from gpufeed.trials.limits import out_of_memory
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
 
 SCRIPT = "batch_memory.py"
@@ -85,7 +85,7 @@ def test_out_of_memory_is_recognised_narrowly():
 def test_the_memory_guard_stops_a_process_above_the_budget(tmp_path):
     import subprocess
 
-    from gpufeed.batchsize.trials import MemoryGuard
+    from gpufeed.trials.limits import MemoryGuard
     from gpufeed.record import schema
     hog = subprocess.Popen([sys.executable, "-c", "import time; b = bytearray(300 << 20); time.sleep(30)"])
     try:

@@ -1,11 +1,12 @@
 """The batch-size search on synthetic memory models: no processes, exact answers."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from gpufeed.batchsize.result import FAILED, OK, OOM, BatchTrial, Fit
+from gpufeed.batchsize.result import FAILED, OK, OOM, BatchSizeResult, BatchTrial, Fit
 from gpufeed.batchsize.search import BatchSearch, NothingFits, YourBatchFailed, fit_line, knee
 
 MiB = 2**20
@@ -176,3 +177,15 @@ def test_predict_does_not_flip_on_the_last_bit_of_a_float():
     fit = Fit(intercept_b=8.0, per_sample_b=2.0, r2=1.0, linear=True, points=3)
     assert fit.predict(29.99) == 10 and fit.predict(31.99) == 11 and fit.predict(32) == 12
     assert Fit(intercept_b=8.0, per_sample_b=0.0, r2=1.0, linear=True, points=3).predict(30) is None
+
+
+def test_batch_size_json_reads_back_as_it_was_written():
+    """``BatchSizeResult.from_dict`` gives back the result ``to_dict`` wrote: the report renders what was measured."""
+    out = search(Model(crash_above=300), 0.9 * 1024 * MiB)
+    result = BatchSizeResult(["train.py"], "cpu", 2**30, 0.9, out.trials, out.fit, out.predicted, out.largest_safe,
+                             knee([t for t in out.trials if t.fits]), out.method, notes=["a note"])
+    doc = json.loads(json.dumps(result.to_dict()))
+    back = BatchSizeResult.from_dict(doc)
+    assert back.to_dict() == doc
+    assert back.fit == out.fit and back.trials == out.trials
+    assert OOM in {t.status for t in back.trials}

@@ -220,7 +220,7 @@ def test_each_node_runs_diagnose_and_analyze_merges_them(tmp_path):
 def test_tune_trials_run_the_whole_job_and_measure_its_throughput(tmp_path):
     """gpufeed tune under torchrun: each trial is the whole distributed command; the ranks stop
     together after the same number of steps; the throughput compared is the job's, all ranks'."""
-    from gpufeed.measure.inside.overrides import LoaderSettings
+    from gpufeed.settings import LoaderSettings
     from gpufeed.record.reader import load_run
     from gpufeed.tune.command import CommandTrials, TuneOptions
 

@@ -1,4 +1,4 @@
-"""The layering is checked, not hoped for: measure -> record -> analysis -> tune/batch-size -> front ends.
+"""The layering is checked, not hoped for: measure -> record -> analysis -> trials -> tune/batch-size -> front ends.
 
 Every ``import`` of a gpufeed module inside ``gpufeed/`` (at module level, in functions, or under
 ``TYPE_CHECKING``: all of them are dependencies a reader has to follow) is read from the source with
@@ -20,12 +20,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpufeed"
 
 # Lowest first. A name stands for the module or package of that name and everything below it.
 LAYERS: list[list[str]] = [
-    ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds"],
+    ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds", "gpufeed.settings"],
     ["gpufeed.record"],
     ["gpufeed.measure"],                                     # the package itself (a docstring)
     ["gpufeed.measure.inside", "gpufeed.measure.outside"],   # inside the training process; outside it
     ["gpufeed.measure.runner", "gpufeed.analysis"],          # runs a command; reads a record
     ["gpufeed.api"],                                         # gpufeed.profile(): measure + analyse in-process
+    ["gpufeed.trials"],                                      # one run of a command with settings overridden
     ["gpufeed.tune", "gpufeed.batchsize"],                   # searches made of trials
     ["gpufeed.integrations", "gpufeed.present"],
     ["gpufeed.cli", "gpufeed.demo", "gpufeed"],              # the command line; the package's facade
@@ -42,7 +43,6 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 
 # (importer's component or prefix, imported component or prefix): what removes it.
 KNOWN: dict[tuple[str, str], str] = {
-    ("gpufeed.batchsize", "gpufeed.tune"): "one trial engine for tune and batch-size (issue 12, point 3)",
     ("gpufeed.present", "gpufeed.measure.outside.sampler"): "watch uses a host reader (issue 12, point 4)",
     ("gpufeed.measure.runner", "gpufeed"): "the runner finds the package by its own path (issue 12, point 8)",
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -145,7 +146,7 @@ def write_tune_dir(path: Path) -> Path:
                                             steps_per_epoch=40))
             runs = [{"run_dir": name, "samples_per_s": r, "status": "ok", "reason": None, "elapsed_s": 3.0}
                     for r in rates]
-        median = sorted(rates)[len(rates) // 2] if rates else None
+        median = statistics.median(rates) if rates else None  # as tune.json has it: the runs decide
         trials.append({"id": i, "label": label, "why": "your configuration" if i == 0 else "more workers",
                        "config": {"num_workers": workers, "prefetch_factor": prefetch, "persistent_workers": None,
                                   "pin_memory": None, "worker_threads": None},

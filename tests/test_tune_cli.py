@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed import cli
-from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.settings import LoaderSettings
 from gpufeed.tune.command import CommandTrials, TuneOptions
 from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed

@@ -6,14 +6,15 @@ checked against the exhaustive grid over the same space without running anything
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from types import SimpleNamespace
 
 import pytest
 
 from gpufeed import thresholds as th
-from gpufeed.measure.inside.overrides import LoaderSettings
-from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun
+from gpufeed.settings import LoaderSettings
+from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun, TuneResult
 from gpufeed.tune.search import BaselineFailed, Search, normalise
 
 
@@ -344,3 +345,15 @@ def test_no_model_start_when_the_model_cannot_predict():
     run_search(plain, start(2))
     run_search(unsure, start(2))
     assert unsure.runs == plain.runs  # the same climb from your configuration, run for run
+
+
+def test_tune_json_reads_back_as_it_was_written():
+    """``TuneResult.from_dict`` gives back the result ``to_dict`` wrote: the report renders what tune measured."""
+    result = run_search(Workload(lambda s: None if (s.num_workers or 0) == 8 else storage_bound(s)), start(2))
+    result.elapsed_s = 12.5
+    doc = json.loads(json.dumps(result.to_dict()))
+    back = TuneResult.from_dict(doc)
+    assert back.to_dict() == doc
+    assert (back.baseline.id, back.best.id) == (result.baseline.id, result.best.id)
+    assert [t.status for t in back.trials] == [t.status for t in result.trials]
+    assert FAILED in {t.status for t in back.trials}

@@ -60,6 +60,10 @@ class Diagnosis:
     costs: dict[str, float | None] = field(default_factory=dict)
     what_if: Any = None              # analysis.whatif.WhatIf: predictions for other settings
 
+    @property
+    def training(self) -> LoaderSummary | None:
+        return next((s for s in self.loaders if s.training), None)
+
     def finding(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)
 

@@ -1,7 +1,7 @@
 """``gpufeed batch-size``: the largest batch that fits in memory, and where throughput stops improving.
 
 - ``search.py``: which batch size to try next (fit memory = a + b x batch, verify, bisect if not linear);
-- ``trials.py``: a trial of an unmodified command at one batch size, out-of-memory recognised narrowly;
+- ``trials.py``: a trial of an unmodified command at one batch size (the engine in ``gpufeed/trials/``);
 - ``finder.py``: the two together, and ``batch_size.json``;
 - ``result.py``: trials, the fit, the answer.
 

@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from gpufeed.batchsize.result import BatchSizeResult, BatchTrial
+from gpufeed.batchsize.result import INTERRUPTED, BatchSizeResult, BatchTrial
 from gpufeed.batchsize.search import BatchSearch, knee
-from gpufeed.batchsize.trials import BatchSizeOptions, BatchTrials, available_ram_b
+from gpufeed.batchsize.trials import BatchSizeOptions, BatchTrials
 from gpufeed.record.writer import write_json_atomic
+from gpufeed.trials.layout import BATCH_SIZE_FILE as RESULT_FILE
+from gpufeed.trials.limits import available_ram_b
 
-RESULT_FILE = "batch_size.json"
 # Seen on this project's CPU workloads (docs/memory.md, bench/results/batch_size.md).
 CPU_HEAP_NOTE = ("on CPU, glibc's malloc serves tensors smaller than its dynamic mmap threshold (up to 32 MiB) "
                  "from a heap whose peak depends on the order of frees: peaks vary between runs and are not "
@@ -38,7 +39,7 @@ def find_batch_size(options: BatchSizeOptions, on_trial: Callable[[BatchTrial], 
     host_limit = options.memory_budget_b or available_ram_b()
     trials = BatchTrials(options, host_limit, on_start)
     first, record = trials.run(None, "your batch size")
-    if first.status == "interrupted":
+    if first.status == INTERRUPTED:
         raise KeyboardInterrupt
     trials.learn(first, record)
     capacity = trials.cuda_total_b if trials.device == "cuda" else host_limit

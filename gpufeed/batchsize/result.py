@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gpufeed import thresholds as th
+from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 
-OK, OOM, FAILED = "ok", "oom", "failed"
+OOM = "oom"  # the trial ran out of memory: the batch does not fit
 FORMAT = "gpufeed.batch_size/1"
 
 
@@ -31,6 +32,10 @@ class BatchTrial:
     def fits(self) -> bool:
         return self.status == OK
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BatchTrial":
+        return cls(**_known(cls, d))
+
 
 @dataclass(frozen=True)
 class Fit:
@@ -40,7 +45,7 @@ class Fit:
     per_sample_b: float
     r2: float
     linear: bool                         # r2 >= the threshold over at least three sizes
-    points: int
+    points: int | None                   # None: read from a batch_size.json that does not say
     residual_b: float = 0.0              # root-mean-square distance of the peaks from the line
 
     def predict(self, limit_b: float) -> int | None:
@@ -53,6 +58,10 @@ class Fit:
     def to_dict(self) -> dict[str, Any]:
         return {"intercept_b": self.intercept_b, "per_sample_b": self.per_sample_b, "r2": self.r2,
                 "linear": self.linear, "points": self.points, "residual_b": self.residual_b}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Fit":
+        return cls(**{"points": None, **_known(cls, d)})
 
 
 @dataclass
@@ -91,3 +100,17 @@ class BatchSizeResult:
             "method": self.method, "site": self.site, "yours": self.yours, "max_batch": self.max_batch,
             "stopped": self.stopped, "elapsed_s": round(self.elapsed_s, 3), "notes": self.notes,
         }
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "BatchSizeResult":
+        """``batch_size.json`` read back (``validate.BATCH_SIZE_DOC`` checked first). A field the
+        class requires and the file lacks raises ``TypeError``; the others take their defaults."""
+        fit = doc.get("fit")
+        return cls(**{**_known(cls, doc), "trials": [BatchTrial.from_dict(t) for t in doc["trials"]],
+                      "fit": Fit.from_dict(fit) if fit is not None else None})
+
+
+def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:
+    """The fields of the dataclass ``cls`` that ``d`` holds (a later gpufeed may write more)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}

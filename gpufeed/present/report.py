@@ -18,11 +18,10 @@ The report reads the record and the analysis; it never measures.
 from __future__ import annotations
 
 import io
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import jinja2
 import numpy as np
@@ -30,16 +29,13 @@ from markupsafe import Markup
 from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
-from gpufeed.analysis.metrics import loader_summaries
+from gpufeed.present.report_trials import BATCH_SIZE, TUNE, result_file, trials_section
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
 from gpufeed.present.terminal import costs_sentence, numbers_table
-from gpufeed.record import schema, validate
+from gpufeed.record import schema
 from gpufeed.record.reader import RecordError, RunRecord, SchemaTooNew, load_run
 from gpufeed.units import NA, fmt, human_bytes
 
-TUNE_FILE = "tune.json"
-BATCH_SIZE_FILE = "batch_size.json"
-TUNE_SCHEMA, BATCH_SIZE_SCHEMA = "gpufeed.tune/1", "gpufeed.batch_size/1"
 DEFAULT_NAME = "report.html"
 # Points per plotted series: beyond this, every k-th reading is plotted (and the page says so),
 # keeping an hour-long run's report a few MB.
@@ -108,28 +104,20 @@ def build_report(path: Path, *more_nodes: Path) -> Report:
     if not path.is_dir():
         raise RecordError(f"{path} is not a directory (expected a gpufeed run, tune or batch-size directory).")
     problems: list[str] = []
-    tune = batch = None
     runs: list[RunView] = []
-    if (path / TUNE_FILE).exists():
-        doc = _read_doc(path / TUNE_FILE, TUNE_SCHEMA, problems)
-        tune = _section(_tune_section, doc, path, TUNE_FILE, problems)
-        best = _best_trial_run(doc) if tune else None
-        if best is not None:
-            runs.append(_run_view(path / best, f"Best trial: {best}", problems))
-    elif (path / BATCH_SIZE_FILE).exists():
-        doc = _read_doc(path / BATCH_SIZE_FILE, BATCH_SIZE_SCHEMA, problems)
-        batch = _section(_batch_section, doc, path, BATCH_SIZE_FILE, problems)
-        chosen = _chosen_batch_run(doc) if batch else None
-        if chosen is not None:
-            runs.append(_run_view(path / chosen[1], f"Batch size {chosen[0]}: {chosen[1]}", problems))
-    else:
+    results = result_file(path)
+    section = trials_section(results, problems) if results is not None else None
+    if results is None:
         runs.append(_run_view(path, "Run", problems))
+    elif section is not None and section.run_dir is not None:
+        runs.append(_run_view(path / section.run_dir, section.run_title, problems))
+    tune = section if section is not None and section.kind == TUNE else None
+    batch = section if section is not None and section.kind == BATCH_SIZE else None
     readable = bool(tune or batch or any(r.diagnosis for r in runs))
     html = _env.get_template("report.html").render(
         source=str(path), problems=problems, runs=runs, tune=tune, batch=batch,
         uplot_js=_static("uPlot.iife.min.js"), uplot_css=_static("uPlot.min.css"),
-        data={"runs": [r.charts for r in runs], "tune": tune and tune["chart"],
-              "batch": batch and batch["chart"]},
+        data={"runs": [r.charts for r in runs], "tune": tune and tune.chart, "batch": batch and batch.chart},
     )
     return Report(source=str(path), html=html, problems=problems, readable=readable)
 
@@ -280,145 +268,3 @@ def _histogram(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
         wait_part = np.where(step_s > 0, counts * wait_s / step_s, 0.0)
     return {"ms": _values((edges[:-1] + edges[1:]) / 2 * 1000, 2), "steps": counts.tolist(),
             "wait": _values(wait_part, 2), "n": int(len(steps))}
-
-
-# -- tune and batch-size directories -------------------------------------------------------------
-
-def _read_doc(path: Path, expected: str, problems: list[str]) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as error:
-        problems.append(f"{path} is unreadable or truncated ({error}).")
-        return None
-    found = doc.get("schema") if isinstance(doc, dict) else None
-    if found != expected:
-        family, _, version = expected.rpartition("/")
-        if isinstance(found, str) and found.startswith(family + "/"):
-            problems.append(f"{path} uses schema {found}, newer than this gpufeed understands ({expected}): "
-                            "upgrade gpufeed to read it.")
-        else:
-            problems.append(f"{path} has no schema {expected!r}: it was not written by gpufeed.")
-        return None
-    problem = validate.doc_problem(doc, validate.TUNE_DOC if expected == TUNE_SCHEMA else validate.BATCH_SIZE_DOC)
-    if problem:
-        problems.append(f"{path} is missing fields or has wrong types: {problem}.")
-        return None
-    return doc
-
-
-def _section(build: Callable[[dict[str, Any], Path], dict[str, Any]], doc: dict[str, Any] | None, path: Path,
-             name: str, problems: list[str]) -> dict[str, Any] | None:
-    """The page's section of a tune or batch-size file, or a problem naming what it lacks."""
-    if doc is None:
-        return None
-    try:
-        return build(doc, path)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        problems.append(f"{path / name} is missing fields or has wrong types ({type(error).__name__}: {error}).")
-        return None
-
-
-def _setting_label(config: dict[str, Any]) -> str:
-    """The settings other than num_workers, for one line of the tune chart (null: the script's own)."""
-    parts = [f"prefetch {config.get('prefetch_factor')}" if config.get("prefetch_factor") is not None else None,
-             "persistent" if config.get("persistent_workers") else None,
-             "pin_memory" if config.get("pin_memory") else None,
-             f"{config.get('worker_threads')} threads/worker" if config.get("worker_threads") is not None else None]
-    return " · ".join(p for p in parts if p) or "the script's own"
-
-
-def _trial_run_dir(trial: dict[str, Any]) -> str | None:
-    """The run of a trial to show: the measured one closest to the trial's median (in-process
-    trials have no run directory)."""
-    runs = [r for r in trial.get("runs") or [] if r.get("run_dir") and r.get("samples_per_s") is not None]
-    median = trial.get("samples_per_s") or 0.0
-    return min(runs, key=lambda r: abs(r["samples_per_s"] - median))["run_dir"] if runs else None
-
-
-def _num_workers(trial: dict[str, Any], tune_dir: Path) -> int | None:
-    """The trial's num_workers; null in tune.json means the script's own, read from its record."""
-    value = (trial.get("config") or {}).get("num_workers")
-    if value is not None:
-        return int(value)
-    run_dir = _trial_run_dir(trial)
-    if run_dir is None:
-        return None
-    try:
-        record = load_run(tune_dir / run_dir)
-    except RecordError:
-        return None
-    training = next((s for s in loader_summaries(record) if s.training), None)
-    return None if training is None else training.config.get("num_workers")
-
-
-def _tune_section(doc: dict[str, Any], tune_dir: Path) -> dict[str, Any]:
-    trials = doc.get("trials") or []
-    workers_of = {t["id"]: _num_workers(t, tune_dir) for t in trials}
-    ok = [t for t in trials if t.get("status") == "ok" and t.get("samples_per_s") is not None
-          and workers_of[t["id"]] is not None]
-    lines: dict[str, dict[int, tuple[float, float, float]]] = {}
-    for t in ok:
-        runs = [r["samples_per_s"] for r in t.get("runs") or [] if r.get("samples_per_s") is not None]
-        median = float(t["samples_per_s"])
-        if runs:
-            lo, hi = min(runs), max(runs)
-        else:  # only the relative spread is known: centre it on the median
-            half = (t.get("spread") or 0.0) * median / 2
-            lo, hi = median - half, median + half
-        lines.setdefault(_setting_label(t["config"]), {})[workers_of[t["id"]]] = (median, lo, hi)
-    workers = sorted({w for pts in lines.values() for w in pts})
-    chart = {"workers": workers, "lines": [
-        {"label": label, **{key: [pts[w][n] if w in pts else None for w in workers]
-                            for n, key in enumerate(("median", "lo", "hi"))}}
-        for label, pts in lines.items()]}
-    labels = {t["id"]: t.get("label") or _setting_label(t.get("config") or {}) for t in trials}
-    rows = [{"id": t["id"], "label": labels[t["id"]], "num_workers": workers_of[t["id"]],
-             "settings": _setting_label(t.get("config") or {}), "why": t.get("why"), "status": t.get("status"),
-             "reason": t.get("reason"), "samples_per_s": t.get("samples_per_s"), "spread": t.get("spread"),
-             "runs": len(t.get("runs") or []), "elapsed_s": t.get("elapsed_s")} for t in trials]
-    baseline, best = doc.get("baseline") or {}, doc.get("best") or {}
-    return {"command": " ".join(doc.get("command") or []), "rows": rows, "chart": chart,
-            "baseline": baseline, "baseline_label": labels.get(baseline.get("trial"), _setting_label(baseline.get("config") or {})),
-            "best": best, "best_label": labels.get(best.get("trial"), _setting_label(best.get("config") or {})),
-            "budget_s": doc.get("budget_s"), "elapsed_s": doc.get("elapsed_s"), "stopped": doc.get("stopped")}
-
-
-def _best_trial_run(doc: dict[str, Any] | None) -> str | None:
-    """The run directory (relative) of the best trial: ``best.trial``, else the one with ``best.config``."""
-    trials = [t for t in (doc or {}).get("trials") or [] if t.get("status") == "ok"]
-    best = (doc or {}).get("best") or {}
-    trial = next((t for t in trials if "trial" in best and t.get("id") == best["trial"]), None) \
-        or next((t for t in trials if t.get("config") == best.get("config")), None) \
-        or max(trials, key=lambda t: t.get("samples_per_s") or 0.0, default=None)
-    return _trial_run_dir(trial) if trial else None
-
-
-def _batch_section(doc: dict[str, Any], _dir: Path) -> dict[str, Any]:
-    trials = sorted(doc.get("trials") or [], key=lambda t: int(t["batch_size"]))
-    sizes = [int(t["batch_size"]) for t in trials]
-    fit = doc.get("fit")
-    capacity = doc.get("capacity_b")
-    mem = [t["peak_mem_b"] / GIB if t.get("status") == "ok" and t.get("peak_mem_b") is not None else None
-           for t in trials]
-    chart = {
-        "sizes": sizes,
-        "mem_gib": mem,
-        "fit_gib": [(fit["intercept_b"] + fit["per_sample_b"] * b) / GIB for b in sizes] if fit else None,
-        "capacity_gib": capacity / GIB if capacity else None,
-        "target_gib": capacity * doc["target_share"] / GIB if capacity and doc.get("target_share") else None,
-        "oom": [1 if t.get("status") == "oom" else None for t in trials],
-        "samples_per_s": [t.get("samples_per_s") if t.get("status") == "ok" else None for t in trials],
-    }
-    return {"command": " ".join(doc.get("command") or []), "device": doc.get("device"),
-            "capacity_b": capacity, "target_share": doc.get("target_share"), "fit": fit,
-            "predicted": doc.get("predicted"), "largest_safe": doc.get("largest_safe"), "knee": doc.get("knee"),
-            "rows": trials, "chart": chart}
-
-
-def _chosen_batch_run(doc: dict[str, Any] | None) -> tuple[int, str] | None:
-    """The run of the largest safe batch size (else the fastest trial) when it has one."""
-    trials = [t for t in (doc or {}).get("trials") or [] if t.get("status") == "ok" and t.get("run_dir")]
-    chosen = next((t for t in trials if t.get("batch_size") == (doc or {}).get("largest_safe")), None)
-    if chosen is None and trials:
-        chosen = max(trials, key=lambda t: t.get("samples_per_s") or 0.0)
-    return (chosen["batch_size"], chosen["run_dir"]) if chosen else None

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.settings import LoaderSettings
 from gpufeed.record.reader import live_throughput
 from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
 from gpufeed.units import count, fmt

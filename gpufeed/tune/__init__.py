@@ -1,7 +1,7 @@
 """``gpufeed tune``: find the fastest DataLoader settings by measurement, not by guessing.
 
 - ``search.py``: which configuration to try next (steered by the runs' own diagnoses, noise-aware);
-- ``command.py``: trials of an unmodified command, each in its own process with its own run record;
+- ``command.py``: trials of an unmodified command (the engine in ``gpufeed/trials/``), one record each;
 - ``inprocess.py``: the same search over a dataset and a training step inside this process;
 - ``result.py``: trials, the winner, and ``tune.json``.
 """

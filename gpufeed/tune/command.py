@@ -1,37 +1,32 @@
 """Tune an unmodified training command: every trial is the real command in its own process.
 
-Each trial is a ``gpufeed diagnose``-style run (probe, sampler, run record under
-``TUNE_DIR/trials/``) with the training loader's keywords overridden at construction (see
-``measure/inside/overrides.py``), ended once it has measured long enough. A trial that crashes,
-hangs or is killed is recorded as failed with its reason; the search goes on. Processes left by a
-trial are ended by the runner, as for ``diagnose``.
+Each trial is a run of the trials engine (``gpufeed/trials/``: its own run record under
+``TUNE_DIR/trials/``) with the training loader's keywords overridden, measured for
+``options.seconds``. A trial that crashes, hangs or is killed is recorded as failed with its
+reason; the search goes on.
 """
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from gpufeed import thresholds as th
-from gpufeed.analysis import analyze
 from gpufeed.analysis.findings import Diagnosis
 from gpufeed.analysis.metrics import LoaderSummary
 from gpufeed.analysis.rules import keras_wrapped
-from gpufeed.measure.inside.overrides import ENV_OVERRIDES, LoaderSettings, Overrides
+from gpufeed.measure.inside.overrides import Overrides
 from gpufeed.measure.outside.cpus import usable_cpus
-from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run
 from gpufeed.record.writer import write_json_atomic
+from gpufeed.settings import LoaderSettings
+from gpufeed.trials.engine import ENDED_WELL, TrialRunner
+from gpufeed.trials.layout import BEST_CONFIG_FILE, TUNE_FILE
+from gpufeed.trials.options import TrialOptions
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, Trial, TrialRun, TuneResult
 from gpufeed.tune.search import BaselineFailed, Search
-
-TUNE_FILE = "tune.json"
-BEST_CONFIG_FILE = "best-config.json"
-TRIALS_DIR = "trials"
 
 
 class NoDataLoader(Exception):
@@ -43,76 +38,51 @@ class NotTunable(Exception):
 
 
 @dataclass
-class TuneOptions:
-    command: list[str]
-    out: Path                                   # the tune directory
+class TuneOptions(TrialOptions):
     budget_s: float | None = None
-    seconds: float = th.TUNE_TRIAL_SECONDS      # measured per trial, after warm-up
-    warmup_steps: int = th.DEFAULT_WARMUP_STEPS
     max_workers: int | None = None
-    stall_timeout_s: float = th.TUNE_STALL_TIMEOUT_S
-    interval_s: float = 0.1
 
 
-class CommandTrials:
+class CommandTrials(TrialRunner):
     """``measure(settings, why)`` for the search: one run of the command with these settings."""
 
     def __init__(self, options: TuneOptions,
                  on_start: Callable[[LoaderSettings, str, Path], None] | None = None) -> None:
-        self.options = options
+        super().__init__(options)
         self.on_start = on_start
         self.site: str | None = None
         self.target: Overrides = Overrides(LoaderSettings())  # which loader the settings go to
         self.training_config: dict | None = None
         self.baseline: LoaderSettings | None = None
         self.distributed_steps: int | None = None  # torchrun: every rank must stop at the same step
-        self.count = 0
 
     def __call__(self, settings: LoaderSettings, why: str) -> TrialRun:
-        o = self.options
-        name = f"{self.count:02d}-{_slug(settings.label() if self.baseline is not None else 'yours')}"
-        self.count += 1
-        run_dir = o.out / TRIALS_DIR / name
-        env = {}
-        if self.baseline is not None:  # the first run is the user's configuration, untouched
-            env[ENV_OVERRIDES] = replace(self.target, settings=settings).to_json()
-        steps = self.distributed_steps
-        run_options = RunOptions(
-            command=o.command, out=run_dir, warmup_steps=o.warmup_steps, stall_timeout_s=o.stall_timeout_s,
-            interval_s=o.interval_s, extra_env=env, echo_output=False,
-            steps=steps, seconds=None if steps else o.seconds, timeout_s=trial_time_limit(o.seconds, o.stall_timeout_s))
-        if self.on_start is not None:
-            self.on_start(settings, why, run_dir)
-        t0 = time.monotonic()
-        result = run_command(run_options)
-        elapsed = time.monotonic() - t0
-        relative = str(run_dir.relative_to(o.out))
-        end = result.meta.end_reason
-        if end == schema.END_INTERRUPTED:
-            return TrialRun(INTERRUPTED, None, elapsed, relative, "interrupted (Ctrl-C)")
-        try:
-            diagnosis = analyze(run_dir)
-        except Exception as error:  # an unreadable record is this trial's failure, not the tune's
-            return TrialRun(FAILED, None, elapsed, relative, f"its record could not be read ({error})")
-        if end not in (schema.END_COMPLETED, schema.END_STEPS_REACHED):
-            return TrialRun(FAILED, None, elapsed, relative, result.meta.message, diagnosis)
+        # The first run is the user's configuration, untouched.
+        overrides = replace(self.target, settings=settings) if self.baseline is not None else None
+        started = (lambda run_dir: self.on_start(settings, why, run_dir)) if self.on_start is not None else None
+        out = self.run_trial(overrides, steps=self.distributed_steps, started=started)
+        if out.diagnosis is None:  # interrupted, or its record could not be read
+            return TrialRun(out.status, None, out.elapsed_s, out.run_dir, out.reason)
+        diagnosis = out.diagnosis
+        if out.status != OK:
+            return TrialRun(FAILED, None, out.elapsed_s, out.run_dir, out.reason, diagnosis)
         rate = diagnosis.metrics.samples_per_s
         if rate is None and diagnosis.metrics.samples_unknown:
             # Batches the dataset builds itself (batch_size=None), uncounted: their size is the
             # script's, the same in every trial, so batches/s ranks the trials as samples/s would.
             rate = diagnosis.metrics.batches_per_s
         if rate is None:
-            return TrialRun(FAILED, None, elapsed, relative, _why_unmeasured(diagnosis), diagnosis)
+            return TrialRun(FAILED, None, out.elapsed_s, out.run_dir, _why_unmeasured(diagnosis), diagnosis)
         if self.baseline is not None:
             mismatch = _not_applied(diagnosis, settings)
             if mismatch:
-                return TrialRun(FAILED, None, elapsed, relative, mismatch, diagnosis)
-        return TrialRun(OK, rate, elapsed, relative, None, diagnosis)
+                return TrialRun(FAILED, None, out.elapsed_s, out.run_dir, mismatch, diagnosis)
+        return TrialRun(OK, rate, out.elapsed_s, out.run_dir, None, diagnosis)
 
     def learn_from_baseline(self, run: TrialRun) -> LoaderSettings:
         """The training loader's site and settings, as the user's own run shows them."""
         diagnosis = run.diagnosis
-        training = next((s for s in diagnosis.loaders if s.training), None) if diagnosis else None
+        training = diagnosis.training if diagnosis else None
         if training is None:
             raise NoDataLoader("the command never iterated a torch DataLoader, so there is nothing to tune "
                                f"(run record: {self.options.out / run.run_dir if run.run_dir else '?'}).")
@@ -151,8 +121,7 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
     if first.status != OK:
         if first.status == INTERRUPTED:
             raise KeyboardInterrupt
-        ended_well = first.diagnosis is not None and first.diagnosis.run.get("end_reason") in (
-            schema.END_COMPLETED, schema.END_STEPS_REACHED)
+        ended_well = first.diagnosis is not None and first.diagnosis.run.get("end_reason") in ENDED_WELL
         if ended_well and not first.diagnosis.loaders:
             raise NoDataLoader("the command never iterated a torch DataLoader, so there is nothing to tune "
                                f"(run record: {options.out / first.run_dir}).")
@@ -190,13 +159,6 @@ def training_target(training: LoaderSummary, loaders: list[LoaderSummary]) -> Ov
     return Overrides(LoaderSettings(), site, role=schema.ROLE_TRAIN)
 
 
-def trial_time_limit(seconds: float, stall_timeout_s: float) -> float:
-    """How long a trial may take in all before it is stopped as failed: start-up, warm-up and the
-    measurement with room to spare. A command that never reaches the probe's limit (its
-    instrumentation did not load, or it loops without a DataLoader) would otherwise run forever."""
-    return th.TUNE_TRIAL_START_S + th.TUNE_TRIAL_TIME_FACTOR * seconds + stall_timeout_s
-
-
 def save(result: TuneResult, out: Path) -> None:
     write_json_atomic(out / TUNE_FILE, result.to_dict())
     (out / BEST_CONFIG_FILE).write_text(json.dumps(result.config_file(), indent=2) + "\n")
@@ -210,7 +172,7 @@ def _world_size(run_dir: Path) -> int | None:
 
 def _not_applied(diagnosis: Diagnosis, settings: LoaderSettings) -> str | None:
     """Why the trial did not test what it asked for (the loader was built elsewhere, say)."""
-    training = next((s for s in diagnosis.loaders if s.training), None)
+    training = diagnosis.training
     if training is None:
         return "no DataLoader was iterated"
     got = training.config
@@ -225,6 +187,3 @@ def _why_unmeasured(diagnosis: Diagnosis) -> str:
         return "the command never iterated a DataLoader"
     return "too few steps to measure: the run ended within the warm-up"
 
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:40] or "trial"

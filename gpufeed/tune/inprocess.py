@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from gpufeed.measure.inside.overrides import LoaderSettings, apply
+from gpufeed.measure.inside.overrides import apply
 from gpufeed.measure.outside.cpus import usable_cpus
+from gpufeed.settings import LoaderSettings
+from gpufeed.trials.layout import trial_dir
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, TrialRun, TuneResult
 from gpufeed.tune.search import Search
 
@@ -56,7 +58,7 @@ def tune_loader(dataset: Any, train_step: Callable[[Any], Any], *, seconds: floa
     count = iter(range(10_000))
 
     def measure(settings: LoaderSettings, why: str) -> TrialRun:
-        run_dir = out_dir / "trials" / f"{next(count):02d}-{settings.label().replace(' ', '-')}"
+        run_dir = trial_dir(out_dir, next(count), settings)
         kwargs, _refused = apply(loader_kwargs, settings)
         return _trial(dataset, train_step, kwargs, run_dir, seconds, warmup_steps)
 

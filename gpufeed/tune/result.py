@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from gpufeed.measure.inside.overrides import CONFIG_FORMAT, LoaderSettings
+from gpufeed.measure.inside.overrides import CONFIG_FORMAT
+from gpufeed.settings import LoaderSettings
+from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 
-OK, FAILED, INTERRUPTED = "ok", "failed", "interrupted"
 TUNE_FORMAT = "gpufeed.tune/1"
 
 
@@ -24,6 +25,11 @@ class TrialRun:
     run_dir: str | None = None        # relative to the tune directory (commands); None in-process
     reason: str | None = None         # why it failed
     diagnosis: Any = field(default=None, repr=False, compare=False)  # analysis.Diagnosis, kept in memory
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrialRun":
+        """A run as ``tune.json`` keeps it (without its diagnosis)."""
+        return cls(d["status"], d.get("samples_per_s"), d["elapsed_s"], d.get("run_dir"), d.get("reason"))
 
 
 @dataclass
@@ -70,14 +76,20 @@ class Trial:
     def elapsed_s(self) -> float:
         return sum(r.elapsed_s for r in self.runs)
 
+    def median_run(self, having: Callable[[TrialRun], bool] = lambda run: True) -> TrialRun | None:
+        """The measured run closest to the median, among those ``having`` something (a diagnosis to
+        steer by, a run directory to show)."""
+        runs = [r for r in self.runs if r.status == OK and r.samples_per_s is not None and having(r)]
+        if not runs:
+            return None
+        median = self.samples_per_s
+        return min(runs, key=lambda r: abs(r.samples_per_s - median))
+
     @property
     def diagnosis(self) -> Any:
         """The diagnosis of the run closest to the median (the one to steer by)."""
-        good = [r for r in self.runs if r.status == OK and r.diagnosis is not None]
-        if not good:
-            return None
-        median = self.samples_per_s
-        return min(good, key=lambda r: abs(r.samples_per_s - median)).diagnosis
+        run = self.median_run(lambda r: r.diagnosis is not None)
+        return run.diagnosis if run is not None else None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +100,12 @@ class Trial:
                       "reason": r.reason, "elapsed_s": round(r.elapsed_s, 3)} for r in self.runs],
             "elapsed_s": round(self.elapsed_s, 3),
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trial":
+        """A trial as ``tune.json`` keeps it: its status, median and spread follow from its runs."""
+        return cls(d["id"], LoaderSettings.from_dict(d.get("config") or {}, f"trial {d['id']}: config"),
+                   d.get("why") or "", [TrialRun.from_dict(r) for r in d.get("runs") or []])
 
 
 def config_dict(settings: LoaderSettings) -> dict[str, Any]:
@@ -101,8 +119,8 @@ def config_dict(settings: LoaderSettings) -> dict[str, Any]:
 class TuneResult:
     command: list[str]
     site: str | None                  # where the tuned DataLoader is built (file:line)
-    baseline: Trial
-    best: Trial
+    baseline: Trial | None            # None only in a tune.json read back whose summary names no trial
+    best: Trial | None
     trials: list[Trial]
     noise: float                      # relative difference treated as a tie
     budget_s: float | None
@@ -113,7 +131,8 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
-        if self.best.samples_per_s is None or not self.baseline.samples_per_s:
+        if self.best is None or self.baseline is None or self.best.samples_per_s is None \
+                or not self.baseline.samples_per_s:
             return None
         return self.best.samples_per_s / self.baseline.samples_per_s
 
@@ -134,11 +153,29 @@ class TuneResult:
         }
         return out
 
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":
+        """``tune.json`` read back (``validate.TUNE_DOC`` checked first): what the file lacks is None;
+        runs come without their diagnoses, and without the loader's target and config."""
+        trials = [Trial.from_dict(t) for t in doc["trials"]]
+        return cls(command=list(doc.get("command") or []), site=doc.get("site"),
+                   baseline=_summarised(doc.get("baseline"), trials), best=_summarised(doc.get("best"), trials),
+                   trials=trials, noise=doc.get("noise"), budget_s=doc.get("budget_s"),
+                   elapsed_s=doc.get("elapsed_s"), stopped=doc.get("stopped"))
+
     def config_file(self) -> dict[str, Any]:
         """What ``gpufeed run --config`` reads: the winner's settings for the loader built at ``site``."""
         which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
         return {"format": CONFIG_FORMAT, "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command}
+
+
+def _summarised(summary: dict[str, Any] | None, trials: list[Trial]) -> Trial | None:
+    """The trial a summary of ``tune.json`` (baseline, best) names: by its id, else by its config."""
+    if not summary:
+        return None
+    return next((t for t in trials if summary.get("trial") is not None and t.id == summary["trial"]), None) \
+        or next((t for t in trials if config_dict(t.settings) == summary.get("config")), None)
 
 
 def dataloader_kwargs(settings: LoaderSettings) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from typing import Callable
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.rules import input_share
-from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
 Measure = Callable[[LoaderSettings, str], TrialRun]

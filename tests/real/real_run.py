@@ -78,7 +78,7 @@ def tune_then_one_trial(tmp_path: Path, command: list[str], budget_s: int, worke
     DataLoader workers (a short budget may end before the search tries any): best-config.json and
     the iterator and override events of every trial run."""
     from gpufeed.analysis import analyze
-    from gpufeed.measure.inside.overrides import LoaderSettings
+    from gpufeed.settings import LoaderSettings
     from gpufeed.tune.command import CommandTrials, TuneOptions
     from gpufeed.tune.result import OK, TrialRun
 

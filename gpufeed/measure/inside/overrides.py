@@ -15,10 +15,11 @@ import inspect
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from gpufeed.measure.inside import roles
+from gpufeed.settings import LoaderSettings
 
 ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
 # DataLoader keywords torch refuses with num_workers=0 (torch 2.x DataLoader.__init__ and
@@ -29,57 +30,6 @@ CONFIG_FORMAT = "gpufeed.loader-settings/1"
 # Thread-pool variables read by OpenMP, MKL, OpenBLAS and friends when a library starts its pool.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                    "VECLIB_MAXIMUM_THREADS")
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """DataLoader keywords gpufeed can set. ``None`` leaves the user's value as it is."""
-
-    num_workers: int | None = None
-    prefetch_factor: int | None = None
-    persistent_workers: bool | None = None
-    pin_memory: bool | None = None
-    batch_size: int | None = None
-    worker_threads: int | None = None   # cap on threads inside each worker (torch and thread pools)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], where: str = "settings") -> "LoaderSettings":
-        """Build from JSON; raises ``ValueError`` naming an unknown key or a wrong type."""
-        if not isinstance(data, dict):
-            raise ValueError(f"{where} must be a JSON object, got {type(data).__name__}")
-        types = {f.name: (bool if f.name in ("persistent_workers", "pin_memory") else int) for f in fields(cls)}
-        for key, value in data.items():
-            if key not in types:
-                raise ValueError(f"unknown DataLoader setting {key!r} in {where} "
-                                 f"(known: {', '.join(sorted(types))})")
-            wanted = types[key]
-            # bool is an int in Python: refuse it where a number is meant, and the reverse.
-            if value is not None and (type(value) is not wanted):
-                raise ValueError(f"{where}.{key} must be {'true or false' if wanted is bool else 'a whole number'}, "
-                                 f"got {value!r}")
-            if wanted is int and value is not None and value < (0 if key == "num_workers" else 1):
-                raise ValueError(f"{where}.{key} must be at least {0 if key == 'num_workers' else 1}, got {value}")
-        return cls(**data)
-
-    def label(self) -> str:
-        """A short name for tables and directories, e.g. ``w8 p4 persistent t1``."""
-        parts = []
-        if self.num_workers is not None:
-            parts.append(f"w{self.num_workers}")
-        if self.prefetch_factor is not None and (self.num_workers or 0) > 0:
-            parts.append(f"p{self.prefetch_factor}")
-        if self.persistent_workers and (self.num_workers or 0) > 0:
-            parts.append("persistent")
-        if self.pin_memory:
-            parts.append("pinned")
-        if self.worker_threads is not None and (self.num_workers or 0) > 0:
-            parts.append(f"t{self.worker_threads}")
-        if self.batch_size is not None:
-            parts.append(f"b{self.batch_size}")
-        return " ".join(parts) or "as is"
 
 
 @dataclass(frozen=True)

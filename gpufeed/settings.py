@@ -1,0 +1,70 @@
+"""The DataLoader settings gpufeed can override: the one vocabulary of tune, batch-size, the
+overrides applied inside the training process, ``gpufeed run --config`` and the report.
+
+At the bottom of the package (it imports nothing of gpufeed), so every layer may use it; standard
+library only, because the probe imports it inside the user's process.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """DataLoader keywords gpufeed can set. ``None`` leaves the user's value as it is."""
+
+    num_workers: int | None = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    pin_memory: bool | None = None
+    batch_size: int | None = None
+    worker_threads: int | None = None   # cap on threads inside each worker (torch and thread pools)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "settings") -> "LoaderSettings":
+        """Build from JSON; raises ``ValueError`` naming an unknown key or a wrong type."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a JSON object, got {type(data).__name__}")
+        types = {f.name: (bool if f.name in ("persistent_workers", "pin_memory") else int) for f in fields(cls)}
+        for key, value in data.items():
+            if key not in types:
+                raise ValueError(f"unknown DataLoader setting {key!r} in {where} "
+                                 f"(known: {', '.join(sorted(types))})")
+            wanted = types[key]
+            # bool is an int in Python: refuse it where a number is meant, and the reverse.
+            if value is not None and (type(value) is not wanted):
+                raise ValueError(f"{where}.{key} must be {'true or false' if wanted is bool else 'a whole number'}, "
+                                 f"got {value!r}")
+            if wanted is int and value is not None and value < (0 if key == "num_workers" else 1):
+                raise ValueError(f"{where}.{key} must be at least {0 if key == 'num_workers' else 1}, got {value}")
+        return cls(**data)
+
+    def label(self) -> str:
+        """A short name for tables and directories, e.g. ``w8 p4 persistent t1``."""
+        parts = []
+        if self.num_workers is not None:
+            parts.append(f"w{self.num_workers}")
+        if self.prefetch_factor is not None and (self.num_workers or 0) > 0:
+            parts.append(f"p{self.prefetch_factor}")
+        if self.persistent_workers and (self.num_workers or 0) > 0:
+            parts.append("persistent")
+        if self.pin_memory:
+            parts.append("pinned")
+        if self.worker_threads is not None and (self.num_workers or 0) > 0:
+            parts.append(f"t{self.worker_threads}")
+        if self.batch_size is not None:
+            parts.append(f"b{self.batch_size}")
+        return " ".join(parts) or "as is"
+
+    def label_beside_workers(self) -> str:
+        """The settings other than num_workers, in words, naming a line of trials plotted against
+        num_workers: ``prefetch 4 · persistent``, or ``the script's own`` when none is set."""
+        parts = [f"prefetch {self.prefetch_factor}" if self.prefetch_factor is not None else None,
+                 "persistent" if self.persistent_workers else None,
+                 "pin_memory" if self.pin_memory else None,
+                 f"{self.worker_threads} threads/worker" if self.worker_threads is not None else None]
+        return " · ".join(p for p in parts if p) or "the script's own"
