@@ -22,58 +22,20 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
 from gpufeed.analysis.gpus import process_gpus
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute, evaluation_pauses, merge_spans, pick_training
+from gpufeed.analysis.rank_summary import RankSummary
 from gpufeed.record import schema
 from gpufeed.record.merge import PID_STRIDE
 from gpufeed.record.reader import RunRecord
 from gpufeed.units import fmt
-
-if TYPE_CHECKING:  # rules.py imports this module for its rule list
-    from gpufeed.analysis.rules import Context
-
-
-@dataclass
-class RankSummary:
-    """One training process of a multi-rank job, measured over its own window after warm-up."""
-
-    rank: int | None              # RANK (or the launcher's equivalent); None if its launcher set none
-    local_rank: int | None
-    world_size: int | None
-    host: str | None
-    pid: int                      # as on its host
-    steps_total: int              # batches its training loop took, warm-up included
-    steps: int                    # measured (after warm-up)
-    samples: int
-    samples_per_s: float | None
-    data_wait_share: float | None
-    data_wait_p50_ms: float | None
-    step_time_p50_ms: float | None
-    step_time_p90_ms: float | None
-    step_time_mean_ms: float | None
-    compute_p50_ms: float | None
-    sync_wait_p50_ms: float | None   # compute p50 above the rank with the shortest: waiting for the others
-    gpu_util_p50_pct: float | None
-    # Jensen-Shannon distance of this rank's histogram from the other ranks' pooled one (load_imbalance)
-    step_time_js_distance: float | None
-    gpu_util_js_distance: float | None
-    end: str | None               # how the process ended: "exit", "sigterm", "steps_reached"; None: killed
-    exit_code: int | None         # the launcher's report (torchrun), else what the process said (sys.exit, an exception)
-    exit_code_source: str | None  # "launcher" or "process"
-    error: str | None             # the uncaught exception it died of, if any
-    ended_at_s: float | None      # when it ended, seconds after the run started
-    window_start_t: float | None = None   # its measured window, on the record's clock
-    window_end_t: float | None = None
-
-    @property
-    def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else f"pid {self.pid}"
 
 
 @dataclass
@@ -290,7 +252,7 @@ def rank_warnings(record: RunRecord, m: Metrics) -> list[str]:
 
 
 # -- rules ---------------------------------------------------------------------------------------------
-def straggler_rank(ctx: "Context") -> Finding | None:
+def straggler_rank(ctx: Context) -> Finding | None:
     """One rank waits for data while the others wait for it in the collective."""
     ranks = [r for r in ctx.metrics.ranks if r.data_wait_share is not None and r.compute_p50_ms is not None]
     if len(ranks) < 2:
@@ -324,7 +286,7 @@ def straggler_rank(ctx: "Context") -> Finding | None:
     )
 
 
-def load_imbalance(ctx: "Context") -> Finding | None:
+def load_imbalance(ctx: Context) -> Finding | None:
     """Ranks whose GPU utilization or step time distributions differ (Jensen-Shannon distance)."""
     return _imbalance(ctx.metrics, "gpu_util") or _imbalance(ctx.metrics, "step_time")
 

@@ -2,27 +2,14 @@
 ``Finding`` carrying its evidence and the thresholds it used, or ``None`` when it stays quiet."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from gpufeed import thresholds as th
 from gpufeed.analysis import memory, tf_data
+from gpufeed.analysis.context import Context, Rule
 from gpufeed.analysis.findings import INFO, HIGH, Finding, severity_for
-from gpufeed.analysis.metrics import LoaderSummary, Metrics
+from gpufeed.analysis.metrics import Metrics
 from gpufeed.analysis.ranks import load_imbalance, straggler_rank
 from gpufeed.units import fmt
 from gpufeed.record import schema
-from gpufeed.record.reader import RunRecord
-
-
-@dataclass
-class Context:
-    record: RunRecord
-    metrics: Metrics
-    training: LoaderSummary | None   # the training loader (``metrics.pick_training``)
-
-
-Rule = Callable[[Context], "Finding | None"]
 
 
 # -- shared facts ------------------------------------------------------------------------------------
