@@ -42,6 +42,7 @@ def host_bound(ctx: Context) -> Finding | None:
 
 
 def host_finding(m: Metrics, share: float, finding_id: str) -> Finding:
+    """The GPU idle for the host's sake: ``host_bound`` here, ``host_idle`` when no rule fired (``general``)."""
     return Finding(
         id=finding_id, severity=severity_for(share), cost_share=share,
         message=(f"The GPU was busy only {fmt(m.gpu_util_p50_pct, '.0f')}% of the time (p50) although data waits explain "
