@@ -151,7 +151,7 @@ TUNE_STALL_TIMEOUT_S = 30.0
 TUNE_TRIAL_START_S = 60.0
 TUNE_TRIAL_TIME_FACTOR = 10.0
 
-# -- Memory (analysis/memory.py, gpufeed batch-size) ---------------------------------------------------
+# -- Memory (analysis/rules/memory.py, gpufeed batch-size) ---------------------------------------------
 # allocator_cache: what nvidia-smi shows is mostly the caching allocator's free blocks once reserved
 # memory is 1.5x the peak of live tensors and the difference is worth a user's attention (1 GiB,
 # or 10% of the device): below that the cache is ordinary allocator slack.

@@ -46,10 +46,7 @@ KNOWN: dict[tuple[str, str], str] = {
     ("gpufeed.present", "gpufeed.measure.outside.sampler"): "watch uses a host reader (issue 12, point 4)",
     ("gpufeed.measure.runner", "gpufeed"): "the runner finds the package by its own path (issue 12, point 8)",
 }
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"gpufeed.analysis.rules", "gpufeed.analysis.ranks"}):
-        "the rules' Context moves to its own module (issue 12, point 2)",
-}
+KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 
 def _module_name(path: Path) -> str:

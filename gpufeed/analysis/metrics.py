@@ -16,6 +16,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
+from gpufeed.analysis.rank_summary import RankSummary
 from gpufeed.record import schema
 from gpufeed.record.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord
@@ -124,7 +125,7 @@ class Metrics:
     # ``samples_per_s`` is the job's (all ranks) and the other step and loader numbers are the
     # focus rank's: the one whose loader held the job back most.
     focus_rank: int | None = None
-    ranks: list[Any] = field(default_factory=list)  # RankSummary, one per training process
+    ranks: list[RankSummary] = field(default_factory=list)  # one per training process
 
     def to_dict(self) -> dict[str, Any]:
         return {k: json_safe(v) for k, v in asdict(self).items()}

@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.rules import input_share
+from gpufeed.analysis.rules.facts import input_bound, workers_multithreaded
 from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
@@ -292,7 +292,7 @@ class Search:
         if not trial.ok or not trial.settings.num_workers or diag is None:
             return []
         m, causes = diag.metrics, []
-        if _oversubscribed(diag) and trial.settings.worker_threads is None:
+        if workers_multithreaded(m) and trial.settings.worker_threads is None:
             causes.append(_Cause("one thread per worker: workers ran several threads each", {"worker_threads": 1},
                                  float(m.worker_torch_threads or m.worker_fetch_cpu_ratio or 2)))
         share = m.worker_startup_share or 0.0
@@ -377,16 +377,8 @@ class Search:
 
 
 def _waits_for_data(trial: Trial) -> bool | None:
-    diag = trial.diagnosis
-    share = input_share(diag.metrics) if diag is not None else None  # with CUDA: the GPU's own idle time
-    return None if share is None else share >= th.DATA_WAIT_SHARE_FLAG
-
-
-def _oversubscribed(diag) -> bool:
-    m = diag.metrics
-    if diag.finding("thread_oversubscription") is not None:
-        return True
-    return (m.worker_fetch_cpu_ratio or 0) > th.WORKER_MULTITHREAD_CPU_RATIO or (m.worker_torch_threads or 1) > 1
+    """The diagnosis's own fact (with CUDA: the GPU's own idle time); None when not measured."""
+    return input_bound(trial.diagnosis.metrics) if trial.diagnosis is not None else None
 
 
 def _same_but_workers(a: LoaderSettings, b: LoaderSettings) -> bool:

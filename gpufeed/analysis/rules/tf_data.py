@@ -4,15 +4,16 @@ They read the training iterator's ``tf_pipeline`` event (its stages as the user 
 ``tf.data.Options``, and the pipeline as TensorFlow ran it after its graph rewrites, from the
 profiler's trace) and speak only when the loop waited for input (``DATA_WAIT_SHARE_FLAG``, the
 profiler's own "moderately input-bound" bar). Each fix is written in TensorFlow's words, from its
-guide "Better performance with the tf.data API". Like ``memory.py`` they take ``rules.Context``,
-untyped here because ``rules.py`` imports this module.
+guide "Better performance with the tf.data API".
 """
 from __future__ import annotations
 
 from typing import Any
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
+from gpufeed.analysis.metrics import Metrics
 from gpufeed.units import fmt
 
 AUTOTUNE = -1
@@ -21,7 +22,7 @@ CACHEABLE_WORK = ("Map", "ParallelMap", "Interleave", "ParallelInterleave", "Fla
 PARALLEL_MAPS = ("ParallelMap", "ParallelInterleave", "ParallelBatch", "MapAndBatch")
 
 
-def pipeline(ctx) -> dict[str, Any] | None:
+def pipeline(ctx: Context) -> dict[str, Any] | None:
     """The training iterator's tf.data pipeline, when the training loop iterated one."""
     t = ctx.training
     if t is None or t.config.get("sampler") != "tf.data":
@@ -30,20 +31,20 @@ def pipeline(ctx) -> dict[str, Any] | None:
                  if p.get("pid") == t.pid and p.get("loader_id") == t.loader_id), None)
 
 
-def _input_bound_pipeline(ctx) -> dict[str, Any] | None:
+def _input_bound_pipeline(ctx: Context) -> dict[str, Any] | None:
     m = ctx.metrics
     if m.data_wait_share is None or m.data_wait_share < th.DATA_WAIT_SHARE_FLAG:
         return None
     return pipeline(ctx)
 
 
-def _wait(m) -> str:
+def _wait(m: Metrics) -> str:
     return (f"The training loop waited for input {fmt(m.data_wait_share, '.0%')} of the time "
             f"(p50 step {fmt(m.step_time_p50_ms, '.1f')} ms, of which {fmt(m.data_wait_p50_ms, '.1f')} ms in "
             "IteratorGetNext)")
 
 
-def _evidence(m, p: dict[str, Any], **more: Any) -> dict[str, Any]:
+def _evidence(m: Metrics, p: dict[str, Any], **more: Any) -> dict[str, Any]:
     return {"data_wait_share": m.data_wait_share, "step_time_p50_ms": m.step_time_p50_ms,
             "data_wait_p50_ms": m.data_wait_p50_ms, "samples_per_s": m.samples_per_s,
             "pipeline": " <- ".join(s.get("op", "?") for s in p.get("stages", [])),
@@ -64,7 +65,7 @@ def _python_stage(stage: dict[str, Any]) -> bool:
     return bool(stage.get("python_ops")) or stage.get("op") in ("Generator",)
 
 
-def python_stage(ctx) -> Finding | None:
+def python_stage(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
     if p is None:
         return None
@@ -88,7 +89,7 @@ def python_stage(ctx) -> Finding | None:
     )
 
 
-def sequential_map(ctx) -> Finding | None:
+def sequential_map(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
     if p is None:
         return None
@@ -112,7 +113,7 @@ def sequential_map(ctx) -> Finding | None:
     )
 
 
-def no_prefetch(ctx) -> Finding | None:
+def no_prefetch(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
     stages = p.get("stages", []) if p else []
     if not stages or stages[0].get("op") == "Prefetch":
@@ -131,7 +132,7 @@ def no_prefetch(ctx) -> Finding | None:
     )
 
 
-def cache_small_dataset(ctx) -> Finding | None:
+def cache_small_dataset(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
     if p is None or any(s.get("op") == "Cache" for s in p.get("stages", [])):
         return None
@@ -156,7 +157,7 @@ def cache_small_dataset(ctx) -> Finding | None:
     )
 
 
-def deterministic_order(ctx) -> Finding | None:
+def deterministic_order(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
     if p is None or (p.get("options") or {}).get("deterministic") is False:
         return None
@@ -177,7 +178,7 @@ def deterministic_order(ctx) -> Finding | None:
     )
 
 
-def autotune_off(ctx) -> Finding | None:
+def autotune_off(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
     if p is None:
         return None
@@ -198,6 +199,3 @@ def autotune_off(ctx) -> Finding | None:
         evidence=_evidence(m, p, autotune=options.get("autotune"), cpu_budget=budget, cpu_count=m.cpu_count),
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG},
     )
-
-
-RULES = (python_stage, sequential_map, no_prefetch, cache_small_dataset, deterministic_order, autotune_off)

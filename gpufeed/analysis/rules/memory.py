@@ -1,8 +1,6 @@
 """Memory: what the figures mean, and what they say about the batch size and about leaks.
 
-Four rules, each with the readings it needs (computed here from the record, not in ``metrics.py``).
-They take the ``rules.Context`` (record, metrics, training loader), untyped here because
-``rules.py`` imports this module:
+Four rules, each with the readings it needs (computed here from the record, not in ``metrics.py``):
 
 - ``allocator_cache``: nvidia-smi counts what PyTorch's caching allocator holds (reserved), which is
   more than the live tensors ever needed (allocated peak): the rest is cached free blocks.
@@ -20,18 +18,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufeed import thresholds as th
-from gpufeed.analysis import tf_data
+from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import INFO, LOW, MEDIUM, Finding
+from gpufeed.analysis.rules import tf_data
 from gpufeed.units import fmt, human_bytes
 
 
-
-def _training_memory(ctx) -> dict[str, int]:
+def _training_memory(ctx: Context) -> dict[str, int]:
     """The training process's readings at exit (``exit`` event), if it wrote them."""
     return ctx.record.memory.get(ctx.training.pid, {}) if ctx.training is not None else {}
 
 
-def _cuda_figures(ctx) -> tuple[float | None, float | None, float | None]:
+def _cuda_figures(ctx: Context) -> tuple[float | None, float | None, float | None]:
     """(allocated peak, reserved peak, device capacity), exact at exit when written, else sampled."""
     m, exit_ = ctx.metrics, _training_memory(ctx)
     allocated = exit_.get("cuda_mem_peak_b", m.cuda_mem_allocated_peak_b)
@@ -40,7 +38,7 @@ def _cuda_figures(ctx) -> tuple[float | None, float | None, float | None]:
     return allocated, reserved, capacity
 
 
-def allocator_cache(ctx) -> Finding | None:
+def allocator_cache(ctx: Context) -> Finding | None:
     allocated, reserved, capacity = _cuda_figures(ctx)
     if not allocated or not reserved or reserved < th.ALLOCATOR_CACHE_RATIO * allocated:
         return None
@@ -68,7 +66,7 @@ def allocator_cache(ctx) -> Finding | None:
     )
 
 
-def batch_too_small(ctx) -> Finding | None:
+def batch_too_small(ctx: Context) -> Finding | None:
     m = ctx.metrics
     _allocated, reserved, capacity = _cuda_figures(ctx)
     batch = ctx.training.config.get("batch_size") if ctx.training is not None else None
@@ -120,7 +118,7 @@ def _line(steps: np.ndarray, values: np.ndarray, what: str) -> Growth | None:
     return Growth(what, float(values[0]), float(values[-1]), float(slope), r2, int(np.ptp(steps)), len(values))
 
 
-def training_growth(ctx) -> Growth | None:
+def training_growth(ctx: Context) -> Growth | None:
     """Memory of the training process against steps, over the measured window: CUDA allocated
     memory (sampled by the probe every 0.5 s) when CUDA is used, else its resident set (sampler)."""
     t = ctx.training
@@ -155,7 +153,7 @@ def training_growth(ctx) -> Growth | None:
     return _line(done.astype(float), np.array(rss, dtype=float), "resident memory")
 
 
-def memory_growth(ctx) -> Finding | None:
+def memory_growth(ctx: Context) -> Finding | None:
     g = training_growth(ctx)
     if tf_data.pipeline(ctx) is not None:
         return None  # TensorFlow's profiler, which gpufeed runs there, keeps its trace in memory: not a leak
@@ -179,7 +177,7 @@ def memory_growth(ctx) -> Finding | None:
     )
 
 
-def worker_memory_growth(ctx) -> Finding | None:
+def worker_memory_growth(ctx: Context) -> Finding | None:
     t = ctx.training
     if t is None or not t.worker_pids:
         return None
@@ -211,6 +209,3 @@ def worker_memory_growth(ctx) -> Finding | None:
         thresholds={"uss_growth_total_b": th.MEMORY_GROWTH_MIN_B,
                     "uss_growth_share_of_rss": th.MEMORY_GROWTH_MIN_SHARE},
     )
-
-
-RULES = (allocator_cache, batch_too_small, memory_growth, worker_memory_growth)

@@ -1,0 +1,24 @@
+"""What a rule reads, and what a rule is.
+
+Every rule is a function of one ``Context`` (the run record, its metrics and its training loader)
+that returns a ``Finding`` or ``None``. This module sits below the rules (``analysis/rules/``) and
+below the rank analysis (``analysis/ranks.py``), so that any of them can name the type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from gpufeed.analysis.findings import Finding
+from gpufeed.analysis.metrics import LoaderSummary, Metrics
+from gpufeed.record.reader import RunRecord
+
+
+@dataclass
+class Context:
+    record: RunRecord
+    metrics: Metrics
+    training: LoaderSummary | None   # the training loader (``metrics.pick_training``)
+
+
+Rule = Callable[[Context], Optional[Finding]]

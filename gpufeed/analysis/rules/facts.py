@@ -1,0 +1,80 @@
+"""The facts the rules share, each computed from the metrics in one place: where the wall time
+went (``costs``), and predicates such as "the loop waits for data" or "the host is saturated".
+
+``tune`` steers its search by the same facts (``input_bound``, ``workers_multithreaded``), so that
+a trial's run is judged as the diagnosis judges it.
+"""
+from __future__ import annotations
+
+from gpufeed import thresholds as th
+from gpufeed.analysis.metrics import Metrics
+
+INPUT, TRANSFER, HOST, COMPUTE = "input", "transfer", "host", "compute"
+
+
+def input_share(m: Metrics) -> float | None:
+    """The share of the wall time lost waiting for data. With CUDA events, the GPU's own idle time
+    inside next(loader): a host that waits while the GPU still works through queued steps loses
+    nothing. Elsewhere (CPU training, no events resolved) the loop's wait, which is then the truth."""
+    if m.cuda_used and m.gpu_idle_share is not None:
+        return m.gpu_idle_share
+    return m.data_wait_share
+
+
+def host_idle_share(m: Metrics) -> float | None:
+    """GPU time idle for reasons other than waiting for data or for copies (CUDA runs with NVML only)."""
+    if not m.cuda_used or m.gpu_util_p50_pct is None:
+        return None
+    return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (input_share(m) or 0.0) - (m.h2d_pageable_share or 0.0))
+
+
+def costs(m: Metrics) -> dict[str, float | None]:
+    """The wall time split four ways (shares; None where not measured): waiting for data, blocked in
+    copies to the GPU, the GPU idle for other host reasons, and the rest, the step's own compute."""
+    losses = {INPUT: input_share(m), TRANSFER: m.h2d_pageable_share, HOST: host_idle_share(m)}
+    measured = [v for v in losses.values() if v is not None]
+    losses[COMPUTE] = max(0.0, 1.0 - sum(measured)) if measured else None
+    return losses
+
+
+def input_bound(m: Metrics) -> bool | None:
+    """The loop waited for data long enough to name it (None: the wait was not measured)."""
+    share = input_share(m)
+    return None if share is None else share >= th.DATA_WAIT_SHARE_FLAG
+
+
+def host_saturated(m: Metrics) -> bool:
+    if m.cpu_util_pct is None:
+        return False
+    workers_fill_cores = m.num_workers is not None and m.num_workers >= m.cpu_count
+    bar = th.CPU_SATURATED_FULL_WORKERS_PCT if workers_fill_cores else th.CPU_SATURATED_PCT
+    return m.cpu_util_pct >= bar
+
+
+def workers_asleep(m: Metrics) -> bool:
+    """Off the CPU for most of their fetch time, and not because they queue for a core."""
+    return (m.worker_fetch_cpu_ratio is not None and m.worker_fetch_cpu_ratio < th.WORKER_ASLEEP_CPU_RATIO
+            and not workers_runnable(m))
+
+
+def workers_runnable(m: Metrics) -> bool:
+    """The sampler mostly saw the workers runnable (state R): they want a core, they are not waiting on I/O."""
+    return m.worker_running_share is not None and m.worker_running_share >= th.WORKER_RUNNABLE_SHARE
+
+
+def workers_multithreaded(m: Metrics) -> bool:
+    """Each DataLoader worker ran several compute threads: torch's own, or more than a core busy while fetching."""
+    return ((m.worker_torch_threads or 1) > 1
+            or (m.worker_fetch_cpu_ratio or 0) > th.WORKER_MULTITHREAD_CPU_RATIO)
+
+
+def worker_cap(m: Metrics) -> int:
+    """Workers a CPU-bound loader can use: every core, less one for a training step that runs on the
+    CPU itself (with CUDA the main process mostly waits on the GPU)."""
+    return m.cpu_count if m.cuda_used else max(1, m.cpu_count - 1)
+
+
+def cpu_ms_per_sample(m: Metrics) -> float | None:
+    if m.loader_cpu_bound_samples_per_s:
+        return m.cpu_count / m.loader_cpu_bound_samples_per_s * 1000.0
+    return None

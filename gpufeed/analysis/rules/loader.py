@@ -1,0 +1,161 @@
+"""The DataLoader: does the loop wait for data, and why? Too few workers for idle cores, a CPU
+that cannot prepare batches faster, workers asleep on storage, too many workers or threads for
+the cores, and workers started again every epoch."""
+from __future__ import annotations
+
+from gpufeed import thresholds as th
+from gpufeed.analysis.context import Context
+from gpufeed.analysis.findings import Finding, severity_for
+from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, input_share, worker_cap,
+                                          workers_asleep, workers_multithreaded, workers_runnable)
+from gpufeed.analysis.rules.wording import (change, cores, others_sentence, tune_hint, wait_evidence,
+                                            wait_sentence)
+from gpufeed.units import fmt
+
+
+def too_few_workers(ctx: Context) -> Finding | None:
+    m = ctx.metrics
+    if not input_bound(m) or m.num_workers is None or host_saturated(m) or workers_asleep(m):
+        return None
+    suggested = min(max(m.workers_needed or 0, m.num_workers + 1), worker_cap(m))
+    if suggested <= m.num_workers:
+        return None
+    return Finding(
+        id="too_few_workers", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        message=(f"{wait_sentence(m)} while the CPU was only {fmt(m.cpu_util_pct, '.0f')}% busy: the DataLoader has "
+                 f"num_workers={m.num_workers} on {cores(m.cpu_count)} and preparing a batch is CPU work "
+                 f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms each)."),
+        recommendation=f"{change(ctx, num_workers=suggested)} {tune_hint()}.",
+        evidence={**wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
+                  "cpu_util_pct": m.cpu_util_pct, "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50,
+                  "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio, "workers_needed": m.workers_needed},
+        thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG, "cpu_util_pct_below": th.CPU_SATURATED_PCT,
+                    "worker_fetch_cpu_ratio_at_least": th.WORKER_ASLEEP_CPU_RATIO},
+    )
+
+
+def cpu_saturated(ctx: Context) -> Finding | None:
+    m = ctx.metrics
+    if (not input_bound(m) or not host_saturated(m) or workers_asleep(m)
+            or (m.num_workers or 0) > m.cpu_count):
+        return None
+    cpu_ms = cpu_ms_per_sample(m)
+    cost = f" ({fmt(cpu_ms, '.1f')} ms of CPU per sample)" if cpu_ms else ""
+    return Finding(
+        id="cpu_saturated", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        message=(f"{wait_sentence(m)} and all {cores(m.cpu_count)} were {fmt(m.cpu_util_pct, '.0f')}% busy: "
+                 f"the CPU cannot prepare batches faster, so more workers cannot help.{others_sentence(m)}"),
+        recommendation=(f"Make each sample cheaper to prepare{cost}: decode smaller images, cache decoded "
+                        "samples, move augmentation to the GPU; or run on more CPU cores."),
+        evidence={**wait_evidence(m), "cpu_util_pct": m.cpu_util_pct, "cpu_count": m.cpu_count,
+                  "cpu_cores_command": m.cpu_cores_command, "num_workers": m.num_workers,
+                  "loader_cpu_ms_per_sample": cpu_ms},
+        thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG, "cpu_util_pct": th.CPU_SATURATED_PCT},
+    )
+
+
+def storage_latency(ctx: Context) -> Finding | None:
+    m = ctx.metrics
+    if not input_bound(m) or not workers_asleep(m) or m.num_workers is None:
+        return None
+    needed = max(m.workers_needed or 0, 2 * max(m.num_workers, 1))
+    # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
+    suggested = min(needed, th.TUNE_MAX_WORKERS_PER_CORE * m.cpu_count)
+    return Finding(
+        id="storage_latency", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        message=(f"{wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {cores(m.cpu_count)} "
+                 f"and the workers were {fmt(m.worker_asleep_share, '.0%')} asleep while fetching "
+                 f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."
+                 f"{others_sentence(m)}"),
+        recommendation=(f"{change(ctx, num_workers=suggested, prefetch_factor=th.LATENCY_PREFETCH_FACTOR)}: "
+                        f"waiting workers cost little CPU, so more of them than cores pays {tune_hint()}; "
+                        "or move the data to local SSD / cache it."),
+        evidence={**wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
+                  "worker_asleep_share": m.worker_asleep_share, "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio,
+                  "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50, "workers_needed": m.workers_needed,
+                  "iowait_pct": m.iowait_pct, "cpu_util_pct": m.cpu_util_pct},
+        thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG,
+                    "worker_fetch_cpu_ratio_below": th.WORKER_ASLEEP_CPU_RATIO,
+                    "worker_running_share_below": th.WORKER_RUNNABLE_SHARE},
+    )
+
+
+def too_many_workers(ctx: Context) -> Finding | None:
+    m = ctx.metrics
+    if (m.num_workers is None or m.num_workers <= m.cpu_count or not host_saturated(m)
+            or m.worker_fetch_cpu_ratio is None or m.worker_fetch_cpu_ratio >= th.WORKER_CONTENDED_CPU_RATIO
+            or (m.worker_running_share is not None and not workers_runnable(m))):
+        return None
+    running = (f"; {fmt(m.worker_running_share, '.0%')} of worker samples were runnable, waiting for a core"
+               if m.worker_running_share is not None else "")
+    cost = input_share(m) if input_bound(m) else None
+    return Finding(
+        id="too_many_workers", severity=severity_for(cost), cost_share=cost,
+        message=(f"{m.num_workers} DataLoader workers compete for {cores(m.cpu_count)} ({fmt(m.cpu_util_pct, '.0f')}% busy): "
+                 f"each was on a CPU only {fmt(m.worker_fetch_cpu_ratio, '.0%')} of the time it spent fetching{running}."),
+        recommendation=f"{change(ctx, num_workers=worker_cap(m))} {tune_hint()}.",
+        evidence={"num_workers": m.num_workers, "cpu_count": m.cpu_count, "cpu_util_pct": m.cpu_util_pct,
+                  "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio,
+                  "worker_running_share": m.worker_running_share, "data_wait_share": m.data_wait_share,
+                  "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50},
+        thresholds={"num_workers_above": m.cpu_count, "cpu_util_pct": th.CPU_SATURATED_PCT,
+                    "worker_fetch_cpu_ratio_below": th.WORKER_CONTENDED_CPU_RATIO,
+                    "worker_running_share": th.WORKER_RUNNABLE_SHARE},
+    )
+
+
+def thread_oversubscription(ctx: Context) -> Finding | None:
+    m = ctx.metrics
+    if not m.num_workers or m.worker_fetch_cpu_ratio is None:
+        return None
+    torch_threads = m.worker_torch_threads or 1
+    threads_wanted = m.num_workers * max(torch_threads, m.worker_fetch_cpu_ratio)
+    if not workers_multithreaded(m) or threads_wanted <= m.cpu_count:
+        return None
+    cost = input_share(m) if input_bound(m) else None
+    return Finding(
+        id="thread_oversubscription", severity=severity_for(cost), cost_share=cost,
+        message=(f"{m.num_workers} DataLoader workers each run several compute threads "
+                 f"(torch.get_num_threads()={torch_threads}, {fmt(m.worker_fetch_cpu_ratio, '.1f')} cores busy per worker "
+                 f"while fetching, {fmt(m.worker_threads_median or 0, '.0f')} OS threads each) on {cores(m.cpu_count)}: "
+                 f"{fmt(threads_wanted, '.0f')} threads contend for them."),
+        recommendation=("Give each worker one thread: DataLoader(..., worker_init_fn=lambda _: "
+                        "torch.set_num_threads(1)), plus cv2.setNumThreads(0) if OpenCV decodes, "
+                        "or OMP_NUM_THREADS=1 in the environment."),
+        evidence={"num_workers": m.num_workers, "worker_torch_threads": m.worker_torch_threads,
+                  "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio,
+                  "worker_threads_median": m.worker_threads_median, "cpu_count": m.cpu_count,
+                  "data_wait_share": m.data_wait_share},
+        thresholds={"worker_fetch_cpu_ratio": th.WORKER_MULTITHREAD_CPU_RATIO, "threads_above": m.cpu_count},
+    )
+
+
+def worker_restart(ctx: Context) -> Finding | None:
+    """Workers started again every epoch: by the loader itself (``persistent_workers=False``), or
+    because the script builds the loader anew each epoch, where ``persistent_workers`` cannot help."""
+    m, t = ctx.metrics, ctx.training
+    if (t is None or not m.num_workers or m.iterators < 2
+            or m.worker_startup_share is None or m.worker_startup_share < th.WORKER_STARTUP_SHARE_FLAG):
+        return None
+    workers = f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''}"
+    cost = f"{fmt(m.worker_startup_s, '.1f')} s of start-up, {fmt(m.worker_startup_share, '.0%')} of the wall time"
+    evidence = {"iterators": m.iterators, "num_workers": m.num_workers, "worker_startup_s": m.worker_startup_s,
+                "worker_startup_share": m.worker_startup_share, "startup_s_per_epoch": m.worker_startup_s / m.iterators,
+                "loaders_built": t.rebuilt, "site": t.config.get("site")}
+    if t.rebuilt > 1:
+        persistent = (" Its persistent_workers=True cannot help: the loader is thrown away after each epoch."
+                      if t.config.get("persistent_workers") else "")
+        return Finding(
+            id="loader_rebuilt", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
+            message=(f"The training DataLoader built at {t.config.get('site')} was built anew {t.rebuilt} times "
+                     f"(once an epoch), so its {workers} started again each time: {cost}.{persistent}"),
+            recommendation=(f"Build it once, before the epoch loop, with persistent_workers=True: "
+                            f"{change(ctx, persistent_workers=True)}, then iterate that same loader every epoch."),
+            evidence=evidence, thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG})
+    if t.config.get("persistent_workers"):
+        return None
+    return Finding(
+        id="worker_restart", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
+        message=f"The DataLoader started its {workers} again for each of {m.iterators} epochs: {cost}.",
+        recommendation=f"{change(ctx, persistent_workers=True)} keeps the workers alive between epochs.",
+        evidence=evidence, thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG})

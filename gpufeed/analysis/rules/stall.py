@@ -1,0 +1,39 @@
+"""A stuck DataLoader: no batch for the stall timeout, with where each of its processes waited."""
+from __future__ import annotations
+
+from gpufeed.analysis.context import Context
+from gpufeed.analysis.findings import HIGH, Finding
+from gpufeed.units import fmt
+
+
+def loader_stalled(ctx: Context) -> Finding | None:
+    stall = ctx.record.meta.stall or (ctx.record.stalls[0] if ctx.record.stalls else None)
+    if not stall:
+        return None
+    stacks = ctx.record.stacks()
+    workers = []
+    for proc in stall.get("processes") or []:
+        where = _innermost_frame(stacks.get(proc.get("pid"), ""))
+        workers.append({"pid": proc.get("pid"), "status": proc.get("status"), "wchan": proc.get("wchan"),
+                        "cpu_pct": proc.get("cpu_pct"), "where": where})
+    doing = "; ".join(f"pid {w['pid']} {w['status'] or '?'}" + (f" in {w['where']}" if w["where"] else "")
+                      for w in workers[1:]) or "no worker state could be read"
+    return Finding(
+        id="loader_stalled", severity=HIGH, cost_share=1.0,
+        message=(f"The DataLoader delivered no batch for {fmt(stall.get('waited_s', 0), '.0f')} s: it is stuck "
+                 f"(workers: {doing})."),
+        recommendation=("Read the stacks in the run directory's stacks/ folder to see where each worker waits; "
+                        "DataLoader(..., timeout=SECONDS) makes a stuck worker raise instead of hanging."),
+        evidence={"waited_s": stall.get("waited_s"), "processes": workers},
+    )
+
+
+def _innermost_frame(stack: str) -> str | None:
+    """Where the process's main thread was: the innermost frame of the thread whose stack reaches
+    the program's entry (``<module>``, or a DataLoader worker's ``_worker_loop``)."""
+    blocks = [block.splitlines() for block in stack.split("\n\n")]
+    for block in blocks:
+        frames = [line.strip() for line in block if line.strip().startswith("File ")]
+        if any(line.endswith((" in <module>", " in _worker_loop")) for line in frames):
+            return frames[0].replace("File ", "", 1)
+    return None

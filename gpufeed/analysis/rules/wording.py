@@ -1,0 +1,90 @@
+"""How the findings say it: the sentences and evidence several rules share, and the DataLoader
+change written where the user makes it (their own call with its file:line, or the knob of the
+framework that builds the loader for them)."""
+from __future__ import annotations
+
+from gpufeed import thresholds as th
+from gpufeed.analysis.context import Context
+from gpufeed.analysis.metrics import Metrics
+from gpufeed.analysis.rules.facts import input_share
+from gpufeed.units import fmt
+
+
+def cores(n: int) -> str:
+    return f"{n} core{'s' if n != 1 else ''}"
+
+
+def tune_hint() -> str:
+    return "(`gpufeed tune` measures it)"
+
+
+def others_sentence(m: Metrics) -> str:
+    """Say so when programs outside the command take a large part of the busy CPU."""
+    if m.cpu_cores_command is None or m.cpu_cores_busy is None:
+        return ""
+    others = m.cpu_cores_busy - m.cpu_cores_command
+    if others < th.OTHER_PROGRAMS_CORES:
+        return ""
+    return f" Other programs used {others:.1f} of the {cores(m.cpu_count)}; the command used {m.cpu_cores_command:.1f}."
+
+
+def wait_sentence(m: Metrics) -> str:
+    who = "The GPU" if m.cuda_used else "The training loop"
+    if m.focus_rank is not None:
+        who += f" of rank {m.focus_rank}"
+    return (f"{who} waited for data {fmt(input_share(m), '.0%')} of the time "
+            f"(p50 step {fmt(m.step_time_p50_ms, '.0f')} ms, of which {fmt(m.data_wait_p50_ms, '.0f')} ms in next(loader))")
+
+
+def wait_evidence(m: Metrics) -> dict:
+    return {"data_wait_share": m.data_wait_share, "step_time_p50_ms": m.step_time_p50_ms,
+            "data_wait_p50_ms": m.data_wait_p50_ms, "compute_p50_ms": m.compute_p50_ms,
+            "compute_per_batch_ms": m.compute_per_batch_ms,
+            "samples_per_s": m.samples_per_s, "gpu_idle_share": m.gpu_idle_share}
+
+
+# Hugging Face Trainer passes these TrainingArguments to the DataLoaders it builds.
+HF_ARGUMENTS = {"num_workers": "dataloader_num_workers", "prefetch_factor": "dataloader_prefetch_factor",
+                "persistent_workers": "dataloader_persistent_workers", "pin_memory": "dataloader_pin_memory"}
+LIGHTNING_HOOKS = ("train_dataloader", "val_dataloader", "test_dataloader", "predict_dataloader")
+
+
+def keras_wrapped(config: dict) -> bool:
+    """Keras (torch backend) feeds a tf.data pipeline or a PyDataset through
+    ``DataLoader(IterableDataset, batch_size=None)``: each DataLoader worker would yield it all again."""
+    return config.get("framework") == "keras" and bool(config.get("iterable")) and config.get("batch_size") is None
+
+
+def change(ctx: Context, **settings) -> str:
+    """The DataLoader change for the run's training loader (``change_in``)."""
+    return change_in(ctx.training.config if ctx.training is not None else {}, **settings)
+
+
+def change_in(config: dict, **settings) -> str:
+    """The DataLoader change, written where the user makes it: their own ``DataLoader(...)`` call
+    with its file:line, or the knob of the framework that builds the loader for them."""
+    framework, site = config.get("framework"), config.get("site")
+    user = (config.get("user_stack") or [None])[0]
+    if keras_wrapped(config):
+        return ("Keras builds this DataLoader around its own pipeline (tf.data or a PyDataset, as an IterableDataset "
+                "with batch_size=None), so DataLoader workers would each yield the whole dataset again: speed up "
+                "Keras's pipeline instead (PyDataset(workers=..., use_multiprocessing=True), or tf.data's "
+                "map(num_parallel_calls=tf.data.AUTOTUNE) and prefetch(tf.data.AUTOTUNE))")
+    if framework == "transformers":
+        args = ", ".join(f"{HF_ARGUMENTS[k]}={v!r}" for k, v in settings.items() if k in HF_ARGUMENTS)
+        return f"TrainingArguments({args}) (the Trainer builds the DataLoader{f'; trainer at {user}' if user else ''})"
+    args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+    hook = config.get("user_function")
+    in_hook = f" (in {hook}())" if hook in LIGHTNING_HOOKS else ""
+    origin = config.get("origin_site")
+    if origin is not None and origin != site:
+        # A framework rebuilt the user's loader (Lightning, accelerate.prepare): change theirs.
+        return f"DataLoader(..., {args}) at {origin}{in_hook}"
+    if framework == "lightning" and user is not None:
+        # Lightning wraps DataLoader.__init__ while its hooks run: the user's call is the first frame of theirs.
+        return f"DataLoader(..., {args}) at {user}{in_hook}"
+    if site is not None and user is not None and site != user:
+        who = f"{framework or 'a library'} builds it"
+        return f"DataLoader(..., {args}) in the code at {user} ({who}, at {site})"
+    where = f" at {site}" if site else ""
+    return f"DataLoader(..., {args}){where}{in_hook}"
