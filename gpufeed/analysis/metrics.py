@@ -1,10 +1,15 @@
 """Numbers about a run, computed from its record alone. The rules read these; so do the front ends.
 
-The measured window opens at the request of the first step after warm-up and closes at the last
-delivery of the training loader (the loader the loop iterated most). Throughput in that window is
+The measured window (``steps.measurement_window``) opens at the request of the first step after
+warm-up and closes at the last delivery of the training loader (the loader the loop iterated most,
+``pick_training``), over its one step series (``steps.py``). Throughput in that window is
 the smaller of what the loop consumed and what the workers produced: a window that opens while
 prepared batches wait in the loader would otherwise count them as if they were made in the window
 (docs/sources.md, "A measurement trap"). It is also checked against the loader's CPU-time bound.
+
+Longer than 400 lines because every part (steps, loader, host, GPU) fills the one ``Metrics`` below;
+the host and GPU parts can move to modules of their own once ``Metrics`` has one (it is being typed,
+``Metrics.ranks``, in the rules package's change).
 """
 from __future__ import annotations
 
