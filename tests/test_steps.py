@@ -30,6 +30,12 @@ def test_the_record_columns_are_the_schemas():
         schema.STEP_COLUMNS, schema.FETCH_COLUMNS, schema.CUDA_COLUMNS, schema.H2D_COLUMNS)
 
 
+def test_an_array_of_the_wrong_width_is_refused():
+    with pytest.raises(ValueError, match="5 columns"):
+        StepRows.of(np.zeros((3, 4)))
+    assert StepRows.of(np.empty(0)).shape == (0, len(schema.STEP_COLUMNS))
+
+
 def test_null_and_missing_cells_are_nan_and_extra_cells_ignored():
     steps = StepRows.of([[0, 1.0, 1.5, None], [1, 2.0, 2.5, 8, 0.1, 99]])  # an older, shorter row; a longer one
     assert steps.shape == (2, len(schema.STEP_COLUMNS))

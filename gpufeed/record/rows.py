@@ -33,12 +33,17 @@ class Rows(np.ndarray):
     def of(cls: type[R], rows: Iterable[Any]) -> R:
         """From JSON rows: null cells and cells missing from a short row (an older writer) are NaN,
         cells past the columns are ignored; or from an array of the right width."""
+        width = len(cls.COLUMNS)
         if isinstance(rows, np.ndarray):
-            return np.asarray(rows, dtype=float).reshape(-1, len(cls.COLUMNS)).view(cls)
+            table = np.asarray(rows, dtype=float)
+            table = table.reshape(0, width) if table.size == 0 else table
+            if table.ndim != 2 or table.shape[1] != width:
+                raise ValueError(f"{cls.__name__} has {width} columns, not shape {table.shape}")
+            return table.view(cls)
         rows = list(rows)
-        out = np.full((len(rows), len(cls.COLUMNS)), np.nan)
+        out = np.full((len(rows), width), np.nan)
         for i, row in enumerate(rows):
-            for j, value in enumerate(row[:len(cls.COLUMNS)]):
+            for j, value in enumerate(row[:width]):
                 if value is not None:
                     out[i, j] = float(value)
         return out.view(cls)
