@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe, marked_training
 
 HIGH, MEDIUM, LOW, INFO = "high", "medium", "low", "info"
 SEVERITY_ORDER = {HIGH: 0, MEDIUM: 1, LOW: 2, INFO: 3}
@@ -62,7 +62,9 @@ class Diagnosis:
 
     @property
     def training(self) -> LoaderSummary | None:
-        return next((s for s in self.loaders if s.training), None)
+        """The training process's training loader (``metrics.pick_training``); with several ranks every
+        rank's is marked, and this is the first of them."""
+        return marked_training(self.loaders)
 
     def finding(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)

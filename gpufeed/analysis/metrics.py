@@ -1,10 +1,15 @@
 """Numbers about a run, computed from its record alone. The rules read these; so do the front ends.
 
-The measured window opens at the request of the first step after warm-up and closes at the last
-delivery of the training loader (the loader the loop iterated most). Throughput in that window is
+The measured window (``steps.measurement_window``) opens at the request of the first step after
+warm-up and closes at the last delivery of the training loader (the loader the loop iterated most,
+``pick_training``), over its one step series (``steps.py``). Throughput in that window is
 the smaller of what the loop consumed and what the workers produced: a window that opens while
 prepared batches wait in the loader would otherwise count them as if they were made in the window
 (docs/sources.md, "A measurement trap"). It is also checked against the loader's CPU-time bound.
+
+Longer than 400 lines because every part (steps, loader, host, GPU) fills the one ``Metrics`` below;
+the host and GPU parts can move to modules of their own once ``Metrics`` has one (it is being typed,
+``Metrics.ranks``, in the rules package's change).
 """
 from __future__ import annotations
 
@@ -17,9 +22,11 @@ import numpy as np
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
 from gpufeed.analysis.rank_summary import RankSummary
+from gpufeed.analysis.steps import StepSeries, measurement_window
 from gpufeed.record import schema
 from gpufeed.record.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord
+from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
 
 RUNNING = "running"
 
@@ -162,11 +169,11 @@ def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
         groups.setdefault((it.pid, where, it.role), []).append(it)
     summaries = []
     for (pid, _where, role), its in groups.items():
-        steps = np.concatenate([it.steps for it in its]) if its else np.empty((0, 5))
+        steps = StepRows.concat(it.steps for it in its)
         summaries.append(LoaderSummary(
             pid=pid, loader_id=its[0].loader_id, config=asdict(its[0].config), iterators=len(its),
-            steps=len(steps), samples=int(np.nansum(steps[:, 3])) if len(steps) else 0,
-            data_wait_s=float((steps[:, 2] - steps[:, 1]).sum()) if len(steps) else 0.0,
+            steps=len(steps), samples=int(np.nansum(steps.samples)) if len(steps) else 0,
+            data_wait_s=float(steps.wait.sum()) if len(steps) else 0.0,
             startup_s=sum(_startup_s(it) or 0.0 for it in its),
             worker_pids=sorted({p for it in its for p in it.worker_pids}), training=False,
             role=role, role_why=its[-1].role_why, loader_ids=sorted({it.loader_id for it in its}),
@@ -188,9 +195,14 @@ def pick_training(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
     return list(best.values())
 
 
+def marked_training(loaders: list[LoaderSummary]) -> LoaderSummary | None:
+    """The first loader marked training (``pick_training``: one per process that took steps)."""
+    return next((s for s in loaders if s.training), None)
+
+
 def _startup_s(it: IteratorRecord) -> float | None:
     """Creation of the iterator (workers start) to its first batch."""
-    return float(it.steps[0, 2] - it.t_created) if len(it.steps) else None
+    return float(it.steps.t_deliver[0] - it.t_created) if len(it.steps) else None
 
 
 def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSummary | None = None) -> Metrics:
@@ -198,7 +210,7 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
     measure the step by (default: the one marked training; one rank's, when several ranks ran)."""
     m = Metrics(cpu_count=record.meta.cpu_count, warmup_steps=record.meta.warmup_steps)
     if training is None:
-        training = next((s for s in loaders if s.training), None)
+        training = marked_training(loaders)
     window = None
     if training is not None and training.steps:
         its = [it for it in record.iterators if training.owns(it)]
@@ -225,36 +237,24 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     own = {it.key for it in its}
     others = _wait_intervals([it for it in record.iterators
                               if it.pid == its[0].pid and it.key not in own and it.role != schema.ROLE_EVAL])
-    rows = []
-    for it in its:
-        s = it.steps
-        if not len(s):
-            continue
-        next_req = np.append(s[1:, 1], np.nan)
-        other_wait = _waited_before(others, next_req) - _waited_before(others, s[:, 2])
-        rows.append(np.column_stack([s[:, 1], s[:, 2], s[:, 3], next_req, np.nan_to_num(other_wait)]))
-    steps = np.concatenate(rows)
-    steps = steps[np.argsort(steps[:, 0], kind="stable")]
-    warmup = min(record.meta.warmup_steps, max(len(steps) - 2, 0))
-    measured = steps[warmup:]
-    if len(measured) < 2:
+    series = StepSeries.from_steps(it.steps for it in its)
+    other_wait = np.nan_to_num(_waited_before(others, series.next_request) - _waited_before(others, series.t_deliver))
+    window = measurement_window(series, its, record.meta.warmup_steps)
+    if window is None:
         return None
-    t0, t1 = float(measured[0, 0]), float(measured[-1, 1])
-    epochs = _whole_epochs(its, t0, t1)
-    if epochs is not None:
-        t0, t1 = epochs
-        measured = measured[(measured[:, 0] >= t0) & (measured[:, 0] < t1)]
-        warmup = int((steps[:, 0] < t0).sum())
+    t0, t1, warmup = window.t0, window.t1, window.warmup
+    measured, other_wait = series[window.measured], other_wait[window.measured]
     m.steps, m.warmup_steps = len(measured), warmup
     # Evaluation passes that paused training are not training time (validation never enters the
     # training step's numbers): out of the window's length, and out of the step they interrupted.
     pauses = evaluation_pauses(record, its, t0, t1)
     m.eval_s = sum(b - a for a, b in pauses) if pauses else None
     m.wall_s = t1 - t0 - (m.eval_s or 0.0)
-    paused = sum(np.clip(np.minimum(measured[:, 3], b) - np.maximum(measured[:, 1], a), 0, None) for a, b in pauses)
-    wait = measured[:, 1] - measured[:, 0]
-    step = measured[:, 3] - measured[:, 0] - paused
-    compute = measured[:, 3] - measured[:, 1] - paused - measured[:, 4]
+    paused = sum(np.clip(np.minimum(measured.next_request, b) - np.maximum(measured.t_deliver, a), 0, None)
+                 for a, b in pauses)
+    wait = measured.wait
+    step = measured.next_request - measured.t_request - paused
+    compute = measured.next_request - measured.t_deliver - paused - other_wait
     m.step_time_p50_ms, m.step_time_p90_ms = (_ms(_pct(step, q)) for q in (50, 90))
     m.data_wait_p50_ms, m.data_wait_p90_ms = (_ms(_pct(wait, q)) for q in (50, 90))
     m.compute_p50_ms = _ms(_pct(compute, 50))
@@ -264,15 +264,15 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     m.compute_per_batch_ms = _ms(_mean(compute))
     # Every data wait of the training process but its evaluation loaders' counts (a second
     # training loader too): the GPU idles either way.
-    all_wait = sum(float(np.clip(np.minimum(it.steps[:, 2], t1) - np.maximum(it.steps[:, 1], t0), 0, None).sum())
+    all_wait = sum(float(np.clip(np.minimum(it.steps.t_deliver, t1) - np.maximum(it.steps.t_request, t0), 0, None).sum())
                    for it in record.iterators
                    if it.pid == its[0].pid and it.role != schema.ROLE_EVAL and len(it.steps))
     m.data_wait_share = all_wait / m.wall_s if m.wall_s > 0 else None
     # Samples delivered in the window (the first measured step's batch was requested at t0).
-    m.samples = int(np.nansum(measured[:, 2]))
+    m.samples = int(np.nansum(measured.samples))
     if m.wall_s > 0:
         m.batches_per_s = len(measured) / m.wall_s
-        if np.isnan(measured[:, 2]).any():  # some batches not counted: samples/s is not claimed
+        if np.isnan(measured.samples).any():  # some batches not counted: samples/s is not claimed
             m.samples_unknown = next((it.samples_unknown for it in its if it.samples_unknown),
                                      "the probe could not count the samples of some batches")
         else:
@@ -284,12 +284,12 @@ def evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t
     """Spans inside [t0, t1] where the training process ran an evaluation loader (from its iterator's
     creation to its last batch) and the training loader took no batch: evaluation passes. An
     evaluation loader interleaved with training steps pauses nothing."""
-    requests = np.sort(np.concatenate([it.steps[:, 1] for it in its if len(it.steps)]))
+    requests = np.sort(np.concatenate([it.steps.t_request for it in its if len(it.steps)]))
     spans = []
     for it in record.iterators:
         if it.pid != its[0].pid or it.role != schema.ROLE_EVAL or not len(it.steps):
             continue
-        a, b = max(it.t_created, t0), min(float(it.steps[-1, 2]), t1)
+        a, b = max(it.t_created, t0), min(float(it.steps.t_deliver[-1]), t1)
         k = int(np.searchsorted(requests, a, side="right"))
         if b > a and not (k < len(requests) and requests[k] < b):
             spans.append((a, b))
@@ -309,10 +309,10 @@ def merge_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def _wait_intervals(its: list[IteratorRecord]) -> np.ndarray:
     """(start, end, waited before start) of every next() of these iterators, sorted by start."""
-    steps = [it.steps[:, 1:3] for it in its if len(it.steps)]
-    if not steps:
+    steps = StepRows.concat(it.steps for it in its)
+    if not len(steps):
         return np.empty((0, 3))
-    spans = np.concatenate(steps)
+    spans = np.column_stack([steps.t_request, steps.t_deliver])
     spans = spans[np.argsort(spans[:, 0], kind="stable")]
     before = np.concatenate([[0.0], np.cumsum(spans[:, 1] - spans[:, 0])[:-1]])
     return np.column_stack([spans, before])
@@ -328,20 +328,6 @@ def _waited_before(intervals: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(k >= 0, intervals[np.maximum(k, 0), 2] + inside, 0.0)
 
 
-def _whole_epochs(its: list[IteratorRecord], t0: float, t1: float) -> tuple[float, float] | None:
-    """From the first epoch start after ``t0`` to the last one before ``t1``, if that spans two epochs.
-
-    With short epochs, worker start-up recurs every epoch and the loader's queue refills: a window
-    cut mid-epoch counts a partial share of either. Whole epochs, each with its own start-up, are
-    the steady state (docs/sources.md, "A measurement trap"): ends that see the same buffer state.
-    """
-    starts = sorted({it.t_created for it in its} | {t for it in its for t in it.epoch_starts})
-    inside = [t for t in starts if t0 <= t <= t1]
-    if len(inside) < 3:
-        return None
-    return inside[0], inside[-1]
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
@@ -352,7 +338,7 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
     m.num_workers, m.prefetch_factor, m.iterators = cfg.num_workers, cfg.prefetch_factor, len(its)
     startups = [s for s in (_startup_s(it) for it in its) if s is not None]
     m.worker_startup_s = float(sum(startups)) if startups else None
-    span = float(max(it.steps[-1, 2] for it in its if len(it.steps)) - its[0].t_created)
+    span = float(max(it.steps.t_deliver[-1] for it in its if len(it.steps)) - its[0].t_created)
     if startups and span > 0:
         m.worker_startup_share = m.worker_startup_s / span
 
@@ -361,29 +347,28 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
     producers = set(training.worker_pids) or {training.pid}
     fetches = [f for f in record.fetches if f.pid in producers]
     if training.worker_pids:
-        rows = np.concatenate([f.rows for f in fetches]) if fetches else np.empty((0, 4))
+        rows = FetchRows.concat(f.rows for f in fetches)
     else:
-        steps = np.concatenate([it.steps for it in its])
-        rows = steps[:, [1, 2, 4, 3]]  # as fetch rows: t_start, t_end, cpu_s, samples
+        rows = _made_in_next(StepRows.concat(it.steps for it in its))
     if len(rows):
-        wall = rows[:, 1] - rows[:, 0]
+        wall = rows.t_end - rows.t_start
         m.fetch_ms_per_batch_p50 = _ms(_pct(wall, 50))
         # CPU time is taken for a sample of the batches in the training process (see the probe).
-        timed = np.isfinite(rows[:, 2])
+        timed = np.isfinite(rows.cpu_s)
         if wall[timed].sum() > 0:
-            m.worker_fetch_cpu_ratio = float(rows[timed, 2].sum() / wall[timed].sum())
+            m.worker_fetch_cpu_ratio = float(rows.cpu_s[timed].sum() / wall[timed].sum())
             m.worker_asleep_share = max(0.0, 1.0 - m.worker_fetch_cpu_ratio)
-        cpu_per_sample = rows[timed, 2].sum() / max(rows[timed, 3].sum(), 1.0)
+        cpu_per_sample = rows.cpu_s[timed].sum() / max(rows.samples[timed].sum(), 1.0)
         if cpu_per_sample > 0:
             m.loader_cpu_bound_samples_per_s = m.cpu_count / cpu_per_sample
         threads = [f.torch_threads for f in fetches if f.torch_threads is not None and f.worker_id is not None]
         m.worker_torch_threads = max(threads) if threads else None
         if window is not None and m.wall_s:
             t0, t1 = window
-            inside = np.clip(np.minimum(rows[:, 1], t1) - np.maximum(rows[:, 0], t0), 0, None)
+            inside = np.clip(np.minimum(rows.t_end, t1) - np.maximum(rows.t_start, t0), 0, None)
             m.worker_busy_share = float(inside.sum() / (m.wall_s * max(len(producers), 1)))
             if training.worker_pids and m.samples_unknown is None:
-                produced = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1), 3]
+                produced = rows.samples[(rows.t_end >= t0) & (rows.t_end <= t1)]
                 if not np.isnan(produced).any():
                     m.samples_per_s_produced = float(produced.sum() / m.wall_s)
         # Workers that keep up make one batch per batch's worth of compute (a mean: see above).
@@ -398,6 +383,11 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
         m.throughput_check = (f"{m.samples_per_s:,.0f} samples/s exceeds what {m.cpu_count} cores can prepare "
                               f"({bound:,.0f}/s at the loader's CPU cost): the window likely opened with "
                               "prepared batches waiting; measure more steps")
+
+
+def _made_in_next(steps: StepRows) -> FetchRows:
+    """num_workers=0: the training process makes each batch inside next(), so its steps are its fetches."""
+    return FetchRows.of(np.column_stack([steps.t_request, steps.t_deliver, steps.cpu_s, steps.samples]))
 
 
 def _in_window(record: RunRecord, window: tuple[float, float]) -> np.ndarray:
@@ -440,7 +430,7 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
         return
     # A worker's state only says something about its batches while it is making one: between
     # batches it sleeps on its index queue whatever the cause of slowness.
-    fetching = {f.pid: f.rows[np.argsort(f.rows[:, 0])] for f in record.fetches if f.pid in workers and len(f.rows)}
+    fetching = {f.pid: f.rows[np.argsort(f.rows.t_start)] for f in record.fetches if f.pid in workers and len(f.rows)}
     states, threads, rss = [], [], []
     for i in np.flatnonzero(mask):
         for pid, _ppid, _cpu, n_threads, status, rss_b in (row[:6] for row in s.procs[i]):
@@ -465,8 +455,8 @@ def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, t
     its = [it for it in record.iterators if it.key == (training.pid, training.loader_id) and len(it.steps)]
     if not its:
         return
-    inside_next = np.concatenate([it.steps[:, 1:3] for it in its])
-    inside_next = inside_next[np.argsort(inside_next[:, 0])]
+    inside_next = _made_in_next(StepRows.concat(it.steps for it in its))
+    inside_next = inside_next[np.argsort(inside_next.t_start)]
     s = record.samples
     states = [row[4] for i in np.flatnonzero(mask) for row in s.procs[i]
               if row[0] == training.pid and _inside_a_fetch(inside_next, s.t[i])]
@@ -474,37 +464,37 @@ def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, t
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
 
 
-def _inside_a_fetch(rows: np.ndarray | None, t: float) -> bool:
+def _inside_a_fetch(rows: FetchRows | None, t: float) -> bool:
     """Whether time ``t`` falls inside one of a worker's fetches (rows sorted by start)."""
     if rows is None:
         return False
-    k = int(np.searchsorted(rows[:, 0], t, side="right")) - 1
-    return k >= 0 and t <= rows[k, 1]
+    k = int(np.searchsorted(rows.t_start, t, side="right")) - 1
+    return k >= 0 and t <= rows.t_end[k]
 
 
 def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], training: Any) -> None:
     its = [it for it in record.iterators if training is not None and training.owns(it)]
-    cuda = np.concatenate([it.cuda for it in its]) if its and any(len(it.cuda) for it in its) else np.empty((0, 5))
+    cuda = CudaRows.concat(it.cuda for it in its)
     if len(cuda):
         m.cuda_used = True
         idle = []
         for it in its:
-            in_window = {int(i) for i, t in zip(it.steps[:, 0], it.steps[:, 1]) if window[0] <= t <= window[1]}
-            idle.extend(row[1] for row in it.cuda if int(row[0]) in in_window)
+            in_window = {int(i) for i, t in zip(it.steps.index, it.steps.t_request) if window[0] <= t <= window[1]}
+            idle.extend(g for i, g in zip(it.cuda.index, it.cuda.gpu_idle_s) if int(i) in in_window)
         if m.wall_s and idle and m.steps:
             # Events the GPU had not reached by the end were dropped: scale by the share resolved.
             m.gpu_idle_share = float(sum(idle) / m.wall_s * m.steps / len(idle))
-        m.cuda_mem_allocated_peak_b = _max(cuda[:, 4])
-        m.cuda_mem_reserved_max_b = _max(cuda[:, 3])
+        m.cuda_mem_allocated_peak_b = _max(cuda.mem_peak_b)
+        m.cuda_mem_reserved_max_b = _max(cuda.mem_reserved_b)
     h2d = record.h2d
     if len(h2d):
         m.cuda_used = True
-        inside = h2d[(h2d[:, 0] >= window[0]) & (h2d[:, 0] <= window[1])]
-        pageable = inside[inside[:, 3] == 0]
+        inside = h2d[(h2d.t >= window[0]) & (h2d.t <= window[1])]
+        pageable = inside[inside.pinned == 0]
         if m.wall_s:
             m.h2d_pageable_share = _copy_seconds(pageable) / m.wall_s
         if m.steps:
-            m.h2d_bytes_per_step = float(inside[:, 1].sum() / m.steps)
+            m.h2d_bytes_per_step = float(inside.bytes.sum() / m.steps)
 
     gpus = record.samples.gpus
     if not gpus:
@@ -522,14 +512,14 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
     m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used]))
 
 
-def _copy_seconds(rows: np.ndarray) -> float:
+def _copy_seconds(rows: H2dRows) -> float:
     """The copies' own time: CUDA events around each copy (copy_s), scaled up for copies whose events
     were never resolved. Records without events (older ones) have only the host's time, which also
     holds the wait for GPU work queued before a blocking copy."""
-    timed = np.isfinite(rows[:, 4]) if rows.shape[1] > 4 else np.zeros(len(rows), dtype=bool)
+    timed = np.isfinite(rows.copy_s)
     if timed.any():
-        return float(rows[timed, 4].sum() * len(rows) / timed.sum())
-    return float(rows[:, 2].sum())
+        return float(rows.copy_s[timed].sum() * len(rows) / timed.sum())
+    return float(rows.host_s.sum())
 
 
 def _max(values: np.ndarray) -> float | None:

@@ -28,8 +28,10 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import process_gpus
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute, evaluation_pauses, merge_spans, pick_training
+from gpufeed.analysis.metrics import (LoaderSummary, Metrics, compute, evaluation_pauses, marked_training, merge_spans,
+                                      pick_training)
 from gpufeed.analysis.rank_summary import RankSummary
+from gpufeed.analysis.steps import loader_steps
 from gpufeed.record import schema
 from gpufeed.record.merge import PID_STRIDE
 from gpufeed.record.reader import RunRecord
@@ -56,7 +58,7 @@ def job_metrics(record: RunRecord, loaders: list[LoaderSummary]) -> tuple[Metric
     """
     trainers = training_loaders(loaders)
     if len(trainers) < 2:
-        training = next((s for s in loaders if s.training), None)
+        training = marked_training(loaders)
         return compute(record, loaders, training), training
     for s in loaders:
         s.training = any(s is t for t in trainers)
@@ -117,13 +119,10 @@ def _step_times(record: RunRecord, loader: LoaderSummary, m: Metrics) -> np.ndar
     """Request to next request, for the steps requested in the rank's measured window."""
     if m.window_start_t is None:
         return np.empty(0)
-    out = []
-    for it in record.iterators:
-        if loader.owns(it) and len(it.steps) > 1:
-            req = it.steps[:, 1]
-            inside = (req[:-1] >= m.window_start_t) & (req[:-1] <= m.window_end_t)
-            out.append(np.diff(req)[inside])
-    return np.concatenate(out) if out else np.empty(0)
+    steps = loader_steps(record, loader)
+    inside = (steps.t_request >= m.window_start_t) & (steps.t_request <= m.window_end_t)
+    inside &= np.isfinite(steps.next_request)  # an iterator's last step has no next request
+    return (steps.next_request - steps.t_request)[inside]
 
 
 def _gpu_util(record: RunRecord, pid: int, local_rank: int | None, m: Metrics) -> np.ndarray:
@@ -188,11 +187,9 @@ def _job_samples_per_s(record: RunRecord, ranks: list[_Rank]) -> float | None:
     samples = 0.0
     pauses = []
     for r in measured:
+        steps = loader_steps(record, r.loader)
+        samples += float(np.nansum(steps.samples[(steps.t_request >= t0) & (steps.t_deliver <= t1)]))
         its = [it for it in record.iterators if r.loader.owns(it) and len(it.steps)]
-        for it in its:
-            s = it.steps
-            inside = (s[:, 1] >= t0) & (s[:, 2] <= t1)
-            samples += float(np.nansum(s[inside, 3]))
         # One rank's evaluation pauses the job: the others wait for it at their next collective.
         pauses += evaluation_pauses(record, its, t0, t1) if its else []
     rate = samples / max(t1 - t0 - sum(b - a for a, b in merge_spans(pauses)), 1e-9)

@@ -1,7 +1,7 @@
 """The run over time, per training process (rank): data-wait share and samples/s in successive
 windows of steps, the most recent seconds, and GPU utilization as sampled. For front ends that
 plot or export as the run goes (TensorBoard scalars, the Prometheus exporter); the diagnosis
-itself reads ``metrics.py``."""
+itself reads ``metrics.py``. Both read the one step series of ``steps.py``."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,6 +10,7 @@ import numpy as np
 
 from gpufeed.analysis.metrics import loader_summaries
 from gpufeed.analysis.ranks import training_loaders
+from gpufeed.analysis.steps import StepSeries, loader_steps
 from gpufeed.record.reader import RunRecord
 
 
@@ -38,25 +39,19 @@ class Totals:
     data_wait_s: float
 
 
-def _trainers(record: RunRecord) -> list[tuple[dict, np.ndarray]]:
-    """(process event, steps as [t_request, t_deliver, samples] in step order) per training process."""
+def _trainers(record: RunRecord) -> list[tuple[dict, StepSeries]]:
+    """(process event, its training loader's steps) per training process."""
     out = []
     for loader in sorted(training_loaders(loader_summaries(record)), key=lambda s: s.pid):
-        pid = loader.pid
-        rows = [it.steps[:, 1:4] for it in record.iterators if loader.owns(it) and len(it.steps)]
-        steps = np.concatenate(rows)
-        proc = next((p for p in record.processes if p.get("pid") == pid), {"pid": pid})
-        out.append((proc, steps[np.argsort(steps[:, 0], kind="stable")]))
+        proc = next((p for p in record.processes if p.get("pid") == loader.pid), {"pid": loader.pid})
+        out.append((proc, loader_steps(record, loader)))
     return out
 
 
-def _window(proc: dict, steps: np.ndarray, done: int) -> Window:
-    wall = float(steps[-1, 1] - steps[0, 0])
-    wait = float((steps[:, 1] - steps[:, 0]).sum())
+def _window(proc: dict, steps: StepSeries, done: int) -> Window:
     return Window(rank=proc.get("rank"), pid=proc["pid"], host=proc.get("host"), steps_done=done,
-                  t_end=float(steps[-1, 1]), data_wait_share=wait / wall if wall > 0 else None,
-                  samples_per_s=float(steps[:, 2].sum()) / wall if wall > 0 and not np.isnan(steps[:, 2]).any()
-                  else None)  # None also when some batches' samples were not counted
+                  t_end=float(steps.t_deliver[-1]), data_wait_share=steps.wait_share(),
+                  samples_per_s=steps.samples_per_s())
 
 
 def step_windows(record: RunRecord, every: int = 10) -> list[Window]:
@@ -73,10 +68,10 @@ def recent(record: RunRecord, seconds: float) -> list[Window]:
     trainers = _trainers(record)
     if not trainers:
         return []
-    now = max(float(steps[-1, 1]) for _proc, steps in trainers)
+    now = max(float(steps.t_deliver[-1]) for _proc, steps in trainers)
     out = []
     for proc, steps in trainers:
-        last = steps[steps[:, 0] >= now - seconds]
+        last = steps[steps.t_request >= now - seconds]
         if len(last):
             out.append(_window(proc, last, len(steps)))
     return out
@@ -84,7 +79,7 @@ def recent(record: RunRecord, seconds: float) -> list[Window]:
 
 def totals(record: RunRecord) -> list[Totals]:
     return [Totals(rank=proc.get("rank"), pid=proc["pid"], host=proc.get("host"), steps=len(steps),
-                   samples=float(np.nansum(steps[:, 2])), data_wait_s=float((steps[:, 1] - steps[:, 0]).sum()))
+                   samples=float(np.nansum(steps.samples)), data_wait_s=float(steps.wait.sum()))
             for proc, steps in _trainers(record)]
 
 

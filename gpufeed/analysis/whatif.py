@@ -36,6 +36,7 @@ import numpy as np
 from gpufeed import thresholds as th
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe
 from gpufeed.record.reader import RunRecord
+from gpufeed.record.rows import FetchRows, StepRows
 
 LIMIT_LOOP, LIMIT_WORKERS, LIMIT_CORES = "compute", "workers", "cores"
 
@@ -147,36 +148,35 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         raise CannotPredict(f"the samples of its batches are not counted ({m.samples_unknown})")
     t0, t1 = m.window_start_t, m.window_end_t
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
-    steps = np.concatenate([it.steps for it in its])
-    steps = steps[np.argsort(steps[:, 1], kind="stable")]
-    in_window = steps[(steps[:, 1] >= t0) & (steps[:, 1] < t1)]
+    steps = StepRows.concat(it.steps for it in its)
+    steps = steps[np.argsort(steps.t_request, kind="stable")]
+    in_window = steps[(steps.t_request >= t0) & (steps.t_request < t1)]
     workers = int(m.num_workers or 0)
 
     if workers:
-        rows = np.concatenate([f.rows for f in record.fetches if f.pid in set(training.worker_pids)]
-                              or [np.empty((0, 4))])
-        inside = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1)]
+        rows = FetchRows.concat(f.rows for f in record.fetches if f.pid in set(training.worker_pids))
+        inside = rows[(rows.t_end >= t0) & (rows.t_end <= t1)]
         rows = inside if len(inside) >= th.WHATIF_MIN_STEPS else rows
         if len(rows) < th.WHATIF_MIN_STEPS:
             raise CannotPredict(f"the workers reported {len(rows)} batches; the model needs {th.WHATIF_MIN_STEPS}")
-        timed = rows[np.isfinite(rows[:, 2])]
+        timed = rows[np.isfinite(rows.cpu_s)]
         if not len(timed):
             raise CannotPredict("no CPU readings of the workers' batches")
-        wall, cpu = rows[:, 1] - rows[:, 0], timed[:, 2]
+        wall, cpu = rows.t_end - rows.t_start, timed.cpu_s
         # A worker is off the CPU while it sleeps on I/O, and also while it queues for a core (state R,
         # runnable): only the first is a cost more workers can overlap without more cores.
         running = m.worker_running_share
         asleep = wall * (1.0 - running) if running is not None else wall - cpu.mean()
         asleep = np.clip(asleep, 0.0, np.maximum(wall - cpu.mean(), 0.0))
-        waits = in_window[:, 2] - in_window[:, 1]
+        waits = in_window.wait
         receive = min(_q(waits, th.WHATIF_RECEIVE_QUANTILE), th.WHATIF_RECEIVE_MAX_S)
     else:
         # num_workers=0: the batch is made inside next(); the probe takes its CPU time for one in 8.
-        timed = in_window[np.isfinite(in_window[:, 4])]
+        timed = in_window[np.isfinite(in_window.cpu_s)]
         if len(timed) < th.WHATIF_MIN_TIMED_BATCHES:
             raise CannotPredict(f"{len(timed)} CPU readings of the batches made in the training process; "
                                 f"the model needs {th.WHATIF_MIN_TIMED_BATCHES}")
-        wall, cpu = in_window[:, 2] - in_window[:, 1], timed[:, 4]
+        wall, cpu = in_window.wait, timed.cpu_s
         asleep = np.clip(wall - cpu.mean(), 0.0, None)
         receive = 0.0
     compute = _compute_times(its, t0, t1)
@@ -187,7 +187,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     if main_cpu is None:
         raise CannotPredict("no CPU readings of the training process (the sampler saw none in the window)")
     cfg = training.config
-    batch = float(np.median(in_window[:, 3])) if len(in_window) else float(cfg.get("batch_size") or 1)
+    batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
     startups, spawns, per_epoch = _startup(its, workers)
     handoff = th.WHATIF_HANDOFF_S
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
@@ -225,12 +225,12 @@ def _compute_times(its: list, t0: float, t1: float) -> np.ndarray:
         s = it.steps
         if len(s) < 2:
             continue
-        keep = (s[:-1, 1] >= t0) & (s[:-1, 1] < t1)
-        out.append((s[1:, 1] - s[:-1, 2])[keep])
+        keep = (s.t_request[:-1] >= t0) & (s.t_request[:-1] < t1)
+        out.append((s.t_request[1:] - s.t_deliver[:-1])[keep])
     return np.concatenate(out) if out else np.empty(0)
 
 
-def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps: np.ndarray,
+def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps: StepRows,
                        workers: int) -> float | None:
     """The training process's CPU seconds per step outside next(), from the sampler's readings.
 
@@ -247,7 +247,7 @@ def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps:
         if pct is None:
             continue
         a, b = float(s.t[i - 1]), float(s.t[i])
-        waited = float(np.clip(np.minimum(steps[:, 2], b) - np.maximum(steps[:, 1], a), 0, None).sum())
+        waited = _waited(steps, a, b)
         rows.append((pct / 100.0 * (b - a), (b - a) - waited, waited))
     if len(rows) < th.WHATIF_MIN_SAMPLES or not len(steps):
         return None
@@ -263,29 +263,30 @@ def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps:
     return min(stepping * busy_per_step, per_step)
 
 
-def _handoff(record: RunRecord, workers: set[int], rows: np.ndarray, t0: float, t1: float) -> float | None:
+def _handoff(record: RunRecord, workers: set[int], rows: FetchRows, t0: float, t1: float) -> float | None:
     """The workers' CPU per batch beyond their fetches: the sampler's CPU of the worker processes in the
     window, less the fetches' own CPU, per batch made in it."""
     s = record.samples
     idx = [i for i in np.flatnonzero((s.t >= t0) & (s.t <= t1)) if i > 0]
-    made = rows[(rows[:, 1] >= t0) & (rows[:, 1] <= t1)]
+    made = rows[(rows.t_end >= t0) & (rows.t_end <= t1)]
     if len(idx) < th.WHATIF_MIN_SAMPLES or not len(made):
         return None
     total = sum((row[2] or 0.0) / 100.0 * float(s.t[i] - s.t[i - 1]) for i in idx for row in s.procs[i]
                 if row[0] in workers)
     covered = float(s.t[idx[-1]] - s.t[idx[0] - 1])
-    fetch_cpu = float(np.nansum(made[:, 2])) * min(covered / (t1 - t0), 1.0)
+    fetch_cpu = float(np.nansum(made.cpu_s)) * min(covered / (t1 - t0), 1.0)
     return max(total - fetch_cpu, 0.0) / len(made)
 
 
-def _waited(steps: np.ndarray, t0: float, t1: float) -> float:
-    return float(np.clip(np.minimum(steps[:, 2], t1) - np.maximum(steps[:, 1], t0), 0, None).sum())
+def _waited(steps: StepRows, t0: float, t1: float) -> float:
+    """Time inside next() between ``t0`` and ``t1``."""
+    return float(np.clip(np.minimum(steps.t_deliver, t1) - np.maximum(steps.t_request, t0), 0, None).sum())
 
 
 def _startup(its: list, workers: int) -> tuple[float, float, float]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
     (forking), and the batches of an epoch."""
-    firsts = [(it.t_created, it.t_ready, it.steps[0, 2]) for it in its if len(it.steps)]
+    firsts = [(it.t_created, it.t_ready, it.steps.t_deliver[0]) for it in its if len(it.steps)]
     startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
     spawn = float(np.median([ready - created for created, ready, _first in firsts])) / workers if workers else 0.0
     epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
@@ -454,10 +455,11 @@ def _run_noise(record: RunRecord, training: LoaderSummary | None, m: Metrics) ->
     if training is None or m.window_start_t is None or m.window_end_t is None:
         return noise
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
-    steps = np.concatenate([it.steps for it in its])
+    steps = StepRows.concat(it.steps for it in its)
     t0, t1 = m.window_start_t, m.window_end_t
     mid = (t0 + t1) / 2
-    halves = [steps[(steps[:, 2] > a) & (steps[:, 2] <= b), 3].sum() / (b - a) for a, b in ((t0, mid), (mid, t1))]
+    delivered = steps.t_deliver
+    halves = [steps.samples[(delivered > a) & (delivered <= b)].sum() / (b - a) for a, b in ((t0, mid), (mid, t1))]
     if min(halves) > 0:
         noise = max(noise, abs(halves[0] - halves[1]) / (halves[0] + halves[1]))
     return min(noise, th.TUNE_NOISE_CAP)

@@ -28,7 +28,7 @@ def numbers_table(d: Diagnosis) -> Table:
         evaluation = f"; {m.eval_s:.1f} s of evaluation left out" if m.eval_s else ""
         table.add_row("Throughput", f"{rate} over {m.steps} steps "
                                     f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps{evaluation}){unknown}")
-        training = next((s for s in d.loaders if s.training), None)
+        training = d.training
         if training is not None and training.config.get("site"):
             built = f", built {training.rebuilt} times" if training.rebuilt > 1 else ""
             table.add_row("Training", f"the DataLoader at {training.config['site']}{built} · "

@@ -40,7 +40,7 @@ def write_trace(run_dir: Path, out: Path) -> Path:
 
 
 def trace(record: RunRecord) -> dict[str, Any]:
-    times = [it.t_created for it in record.iterators] + [float(f.rows[0, 0]) for f in record.fetches if len(f.rows)]
+    times = [it.t_created for it in record.iterators] + [float(f.rows.t_start[0]) for f in record.fetches if len(f.rows)]
     if len(record.samples):
         times.append(float(record.samples.t[0]))
     t0 = min((t for t in times if math.isfinite(t)), default=record.meta.t_start)
@@ -93,8 +93,8 @@ def _loop(record: RunRecord, us: Any) -> Iterator[Event]:
                    "id": f"{it.pid}-{it.iter_id}", "pid": it.pid, "tid": it.pid, "ts": us(it.t_created),
                    "args": {"num_workers": it.config.num_workers, "worker_pids": it.worker_pids}}
             yield {"ph": "e", "cat": "iterator", "name": f"DataLoader start-up (loader {it.loader_id})",
-                   "id": f"{it.pid}-{it.iter_id}", "pid": it.pid, "tid": it.pid, "ts": us(s[0, 2])}
-        ends = np.append(s[1:, 1], np.nan)
+                   "id": f"{it.pid}-{it.iter_id}", "pid": it.pid, "tid": it.pid, "ts": us(s.t_deliver[0])}
+        ends = np.append(s.t_request[1:], np.nan)
         for (index, t_req, t_del, samples, _cpu), t_next in zip(s, ends):
             # The last step of an iterator has no next request: it ends at its delivery.
             end = t_next if math.isfinite(t_next) else t_del

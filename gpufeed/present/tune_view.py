@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufeed.settings import LoaderSettings
-from gpufeed.record.reader import live_throughput
+from gpufeed.analysis.steps import live_samples_per_s
 from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
 from gpufeed.units import count, fmt
 
@@ -71,7 +71,7 @@ class TrialProgress:
             if current is None:
                 continue
             task, run_dir = current
-            rate = live_throughput(run_dir, self.warmup_steps)
+            rate = live_samples_per_s(run_dir, self.warmup_steps)
             elapsed = self.progress.tasks[task].elapsed or 0.0
             # Never full before the trial ends: a finished task stops its clock.
             self.progress.update(task, completed=min(elapsed, 0.99 * self.seconds),

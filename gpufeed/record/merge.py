@@ -32,6 +32,7 @@ import numpy as np
 from gpufeed import thresholds as th
 from gpufeed.record import schema
 from gpufeed.record.reader import RecordError, RunRecord, load_run
+from gpufeed.record.rows import H2dRows
 
 PID_STRIDE = 10_000_000  # > Linux's pid_max limit (2**22)
 
@@ -83,12 +84,12 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         it.worker_pids = [pid(p) for p in it.worker_pids]
         it.t_created += dt
         it.t_ready += dt
-        it.steps[:, 1:3] += dt
+        it.steps.shift(dt)
         it.epoch_starts = [t + dt for t in it.epoch_starts]
     for f in r.fetches:
         f.pid = pid(f.pid)
-        f.rows[:, 0:2] += dt
-    r.h2d[:, 0] += dt
+        f.rows.shift(dt)
+    r.h2d.shift(dt)
     r.samples.t = r.samples.t + dt
     r.samples.procs = [[[pid(row[0]), pid(row[1])] + list(row[2:]) for row in procs] for procs in r.samples.procs]
     r.samples.gpu_procs = [{idx: {pid(p): b for p, b in pids.items()} for idx, pids in per_gpu.items()}
@@ -111,7 +112,7 @@ def _request_times(r: RunRecord) -> np.ndarray | None:
     by_pid: dict[int, list[np.ndarray]] = {}
     for it in r.iterators:
         if len(it.steps):
-            by_pid.setdefault(it.pid, []).append(it.steps[:, 1])
+            by_pid.setdefault(it.pid, []).append(it.steps.t_request)
     ranked = sorted(by_pid, key=lambda p: (_rank_of(r, p) is None, _rank_of(r, p) or 0))
     if not ranked:
         return None
@@ -169,7 +170,7 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         processes=[ev for p in parts for ev in p.processes],
         iterators=sorted((it for p in parts for it in p.iterators), key=lambda it: it.t_created),
         fetches=[f for p in parts for f in p.fetches],
-        h2d=np.concatenate([p.h2d for p in parts]),
+        h2d=H2dRows.concat(p.h2d for p in parts),
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},

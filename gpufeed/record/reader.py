@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import schema, validate
+from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
 
 
 class RecordError(Exception):
@@ -40,8 +41,8 @@ class IteratorRecord:
     t_ready: float
     worker_pids: list[int]
     config: schema.LoaderConfig
-    steps: np.ndarray     # (n, 5): schema.STEP_COLUMNS
-    cuda: np.ndarray      # (m, 5): schema.CUDA_COLUMNS; mem columns NaN where not sampled
+    steps: StepRows       # in index order
+    cuda: CudaRows        # mem columns NaN where not sampled
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
     role: str | None = None           # schema.ROLE_TRAIN / ROLE_EVAL; None in records older than roles
     role_why: str | None = None       # the evidence for the role, in words
@@ -61,7 +62,7 @@ class FetchRecord:
     pid: int
     worker_id: int | None
     torch_threads: int | None
-    rows: np.ndarray      # (k, 4): schema.FETCH_COLUMNS
+    rows: FetchRows
 
 
 @dataclass
@@ -95,7 +96,7 @@ class RunRecord:
     processes: list[dict[str, Any]]
     iterators: list[IteratorRecord]
     fetches: list[FetchRecord]
-    h2d: np.ndarray               # (k, 5): schema.H2D_COLUMNS
+    h2d: H2dRows
     samples: Samples
     stalls: list[dict[str, Any]]
     exits: dict[int, str]         # pid -> exit reason, for processes that got to write one
@@ -159,16 +160,6 @@ def _lines(path: Path, warnings: list[str], problem=validate.event_problem) -> I
         more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
         warnings.append(f"{name}: skipped {len(wrong)} line(s) that do not fit the run-record schema: "
                         f"line {first}, {why}{more}")
-
-
-def _rows(rows: list[list[Any]], width: int) -> np.ndarray:
-    """Rows as a float array; missing or null cells are NaN (older writers may have fewer columns)."""
-    out = np.full((len(rows), width), np.nan)
-    for i, row in enumerate(rows):
-        for j, value in enumerate(row[:width]):
-            if value is not None:
-                out[i, j] = float(value)
-    return out
 
 
 def load_meta(run_dir: str | Path, warnings: list[str] | None = None) -> schema.RunMeta:
@@ -290,21 +281,20 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
 
     iterator_records = []
     for key, ev in sorted(iterators.items(), key=lambda kv: kv[1].get("t_created", 0.0)):
-        steps = _rows(step_rows.get(key, []), len(schema.STEP_COLUMNS))
-        if len(steps):
-            steps = steps[np.argsort(steps[:, 0], kind="stable")]
+        steps = StepRows.of(step_rows.get(key, []))
+        steps = steps[np.argsort(steps.index, kind="stable")]
         iterator_records.append(IteratorRecord(
             pid=ev["pid"], iter_id=ev["iter_id"], loader_id=ev.get("loader_id", 0),
             t_created=ev["t_created"], t_ready=ev.get("t_ready", ev["t_created"]),
             worker_pids=list(ev.get("worker_pids") or []),
             config=schema.LoaderConfig.from_dict(ev.get("config", {})),
-            steps=steps, cuda=_rows(cuda_rows.get(key, []), len(schema.CUDA_COLUMNS)),
+            steps=steps, cuda=CudaRows.of(cuda_rows.get(key, [])),
             epoch_starts=sorted(epochs.get(key, [])),
             role=ev.get("role"), role_why=ev.get("role_why"),
             samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
         ))
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
-                                 rows=_rows(f["rows"], len(schema.FETCH_COLUMNS)))
+                                 rows=FetchRows.of(f["rows"]))
                      for pid, f in sorted(fetches.items())]
     samples = _load_samples(run_dir / schema.SAMPLES_FILE, max(meta.cpu_count, 1), warnings)
     if not (meta.command or meta.end_reason or processes or iterators or fetches or len(samples)):
@@ -314,7 +304,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         meta.cpu_count = samples.cpu_pct.shape[1] or 1
     return RunRecord(
         run_dir=run_dir, meta=meta, processes=processes, iterators=iterator_records,
-        fetches=fetch_records, h2d=_rows(h2d_rows, len(schema.H2D_COLUMNS)),
+        fetches=fetch_records, h2d=H2dRows.of(h2d_rows),
         samples=samples,
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
@@ -359,19 +349,12 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
     )
 
 
-def live_throughput(run_dir: str | Path, warmup_steps: int = 0) -> float | None:
-    """Samples per second of the busiest iterator so far, from the events flushed up to now.
-
-    For progress displays while a run is going; the analysis of a finished run is the real figure.
-    """
+def load_step_rows(run_dir: str | Path) -> dict[tuple[int, int], StepRows]:
+    """(pid, iter_id) -> the steps flushed so far, in the order written: for a run still going,
+    without reading the rest of its record."""
     rows: dict[tuple[int, int], list] = {}
     for path in sorted((Path(run_dir) / schema.EVENTS_DIR).glob("*.jsonl")):
         for ev in _lines(path, []):
             if ev.get("kind") == "steps":
                 rows.setdefault((ev.get("pid"), ev.get("iter_id")), []).extend(ev.get("rows", []))
-    steps = max(rows.values(), key=len, default=[])[warmup_steps:]
-    if len(steps) < 2:
-        return None
-    span = steps[-1][2] - steps[0][1]
-    samples = sum(r[3] or 0 for r in steps)
-    return samples / span if span > 0 else None
+    return {key: StepRows.of(r) for key, r in rows.items()}

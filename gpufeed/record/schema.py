@@ -71,7 +71,8 @@ STACKS_DIR = "stacks"
 STALL_MARKER = "stall.json"          # written by the probe when a loader stalls: the runner acts on it
 STEPS_REACHED_MARKER = "steps-reached"  # written by the probe when it ended the run after --steps
 
-# Column names of the row-oriented event kinds, so readers never index by magic number.
+# Column names of the row-oriented event kinds, so readers never index by magic number: the reader
+# loads them as typed views (``record/rows.py``: ``it.steps.t_request``).
 STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")

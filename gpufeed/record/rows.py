@@ -1,0 +1,123 @@
+"""Typed views of the row-oriented event kinds: a float array whose columns have names.
+
+``it.steps.t_request`` reads the column the schema names (``schema.STEP_COLUMNS``), so no reader
+indexes by magic number. The rows stay one numpy array (NaN where a cell was null or missing):
+selecting rows (``steps[warmup:]``, ``steps[order]``, a mask) keeps the view; a column, or any
+arithmetic on the array, is a plain array.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, TypeVar
+
+import numpy as np
+
+from gpufeed.record import schema
+
+R = TypeVar("R", bound="Rows")
+
+
+def column(name: str) -> property:
+    """The column ``name`` of a ``Rows`` class's COLUMNS, as a plain 1-D array."""
+    def get(self: "Rows") -> np.ndarray:
+        return np.asarray(self)[:, type(self).COLUMNS.index(name)]
+    return property(get, doc=f"The {name!r} column.")
+
+
+class Rows(np.ndarray):
+    """Rows of one event kind, shape (n, len(COLUMNS))."""
+
+    COLUMNS: tuple[str, ...] = ()
+    TIMES: tuple[str, ...] = ()   # the columns on the host's clock
+
+    @classmethod
+    def of(cls: type[R], rows: Iterable[Any]) -> R:
+        """From JSON rows: null cells and cells missing from a short row (an older writer) are NaN,
+        cells past the columns are ignored; or from an array of the right width."""
+        width = len(cls.COLUMNS)
+        if isinstance(rows, np.ndarray):
+            table = np.asarray(rows, dtype=float)
+            table = table.reshape(0, width) if table.size == 0 else table
+            if table.ndim != 2 or table.shape[1] != width:
+                raise ValueError(f"{cls.__name__} has {width} columns, not shape {table.shape}")
+            return table.view(cls)
+        rows = list(rows)
+        out = np.full((len(rows), width), np.nan)
+        for i, row in enumerate(rows):
+            for j, value in enumerate(row[:width]):
+                if value is not None:
+                    out[i, j] = float(value)
+        return out.view(cls)
+
+    @classmethod
+    def concat(cls: type[R], parts: Iterable[np.ndarray]) -> R:
+        parts = [np.asarray(p) for p in parts]
+        return cls.of(np.concatenate(parts) if parts else np.empty((0, len(cls.COLUMNS))))
+
+    def shift(self, dt: float) -> None:
+        """Move the times by ``dt`` seconds, in place (another host's clock: ``record/merge.py``)."""
+        for name in self.TIMES:
+            np.asarray(self)[:, self.COLUMNS.index(name)] += dt
+
+    def __getitem__(self, key: Any) -> Any:
+        out = super().__getitem__(key)
+        if isinstance(out, np.ndarray) and not (out.ndim == 2 and out.shape[1] == len(self.COLUMNS)):
+            return np.asarray(out)  # a column or a cut of columns: no longer these rows
+        return out
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # Arithmetic gives plain arrays: a difference of two columns is not a row of this kind.
+        inputs = tuple(np.asarray(x) if isinstance(x, Rows) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(np.asarray(x) if isinstance(x, Rows) else x for x in kwargs["out"])
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+
+class StepRows(Rows):
+    """``steps`` events: one batch the loop took from one iterator (``schema.STEP_COLUMNS``)."""
+
+    COLUMNS = schema.STEP_COLUMNS
+    TIMES = ("t_request", "t_deliver")
+    index = column("index")
+    t_request = column("t_request")   # the loop called next()
+    t_deliver = column("t_deliver")   # next() returned the batch
+    samples = column("samples")       # NaN where they could not be counted
+    cpu_s = column("cpu_s")           # process CPU time in next(), for some batches with num_workers=0
+
+    @property
+    def wait(self) -> np.ndarray:
+        """Time inside next(loader), per batch."""
+        return self.t_deliver - self.t_request
+
+
+class FetchRows(Rows):
+    """``fetches`` events: one batch made by a worker (``schema.FETCH_COLUMNS``)."""
+
+    COLUMNS = schema.FETCH_COLUMNS
+    TIMES = ("t_start", "t_end")
+    t_start = column("t_start")
+    t_end = column("t_end")
+    cpu_s = column("cpu_s")
+    samples = column("samples")
+
+
+class CudaRows(Rows):
+    """``cuda`` events: a step's GPU idle time and CUDA memory (``schema.CUDA_COLUMNS``)."""
+
+    COLUMNS = schema.CUDA_COLUMNS
+    index = column("index")
+    gpu_idle_s = column("gpu_idle_s")
+    mem_allocated_b = column("mem_allocated_b")
+    mem_reserved_b = column("mem_reserved_b")
+    mem_peak_b = column("mem_peak_b")
+
+
+class H2dRows(Rows):
+    """``h2d`` events: host-to-device copies (``schema.H2D_COLUMNS``)."""
+
+    COLUMNS = schema.H2D_COLUMNS
+    TIMES = ("t",)
+    t = column("t")
+    bytes = column("bytes")
+    host_s = column("host_s")
+    pinned = column("pinned")
+    copy_s = column("copy_s")
