@@ -18,7 +18,9 @@ from gpufeed import thresholds as th
 from gpufeed.analysis import Diagnosis, Finding, Metrics
 from gpufeed.analysis import analyze as _analyze
 from gpufeed.measure.inside import overrides
-from gpufeed.measure.inside.probe import Probe, active_probe, note_process, patch_torch, unpatch_torch
+from gpufeed.measure.inside.install import note_process
+from gpufeed.measure.inside.patches import active_probe, patch_torch, unpatch_torch
+from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.runner import default_run_dir, finish_record, start_record
 from gpufeed.record import schema

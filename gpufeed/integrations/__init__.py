@@ -38,7 +38,7 @@ class FitSession:
     def start(self) -> Path | None:
         """Start measuring this process; None when gpufeed diagnose already does."""
         from gpufeed.api import Profiler
-        from gpufeed.measure.inside.probe import active_probe
+        from gpufeed.measure.inside.patches import active_probe
         if active_probe() is not None:
             return None
         from gpufeed.measure.runner import default_run_dir

@@ -26,13 +26,13 @@ import psutil
 import gpufeed
 from gpufeed import thresholds as th
 from gpufeed.measure import watchdog as _watchdog
-from gpufeed.measure.inside import probe as _probe
+from gpufeed.measure.inside.probe_config import ProbeConfig
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.record import schema
 from gpufeed.record.writer import write_json_atomic
 
-BOOTSTRAP_DIR = Path(_probe.__file__).with_name("bootstrap")
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "inside" / "bootstrap"
 TERMINATE_GRACE_S = 1.0   # after the grace: SIGTERM to the whole group, then SIGKILL this much later
 LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
 STDERR_TAIL_LINES = 20
@@ -215,18 +215,18 @@ class _Run:
         except subprocess.TimeoutExpired:
             return False
 
+    def probe_config(self) -> ProbeConfig:
+        """What the probe in the command's processes is told (through their environment)."""
+        o = self.options
+        stall = o.stall_timeout_s or None
+        return ProbeConfig(run_dir=str(self.run_dir.resolve()),
+                           max_steps=None if o.steps is None else o.warmup_steps + o.steps,
+                           max_seconds=o.seconds, warmup_steps=o.warmup_steps, stall_timeout_s=stall,
+                           first_batch_timeout_s=None if stall is None else max(o.first_batch_timeout_s or 0.0, stall))
+
     def _child_env(self) -> dict[str, str]:
         env = bootstrap_env({**os.environ, **self.options.extra_env})
-        env[_probe.ENV_RUN_DIR] = str(self.run_dir.resolve())
-        if self.options.steps is not None:
-            env[_probe.ENV_MAX_STEPS] = str(self.options.warmup_steps + self.options.steps)
-        if self.options.seconds is not None:
-            env[_probe.ENV_MAX_SECONDS] = str(self.options.seconds)
-            env[_probe.ENV_WARMUP_STEPS] = str(self.options.warmup_steps)
-        if self.options.stall_timeout_s:
-            env[_probe.ENV_STALL_TIMEOUT] = str(self.options.stall_timeout_s)
-            first = max(self.options.first_batch_timeout_s or 0.0, self.options.stall_timeout_s)
-            env[_probe.ENV_FIRST_BATCH_TIMEOUT] = str(first)
+        env.update(self.probe_config().to_env())
         return env
 
     def _wait(self, child: subprocess.Popen, sampler: Sampler, stop: "StopSignals") -> str | None:
