@@ -28,8 +28,11 @@ from typing import Sequence
 
 from rich.console import Console
 
+from gpufeed import defaults
 from gpufeed import thresholds as th
 from gpufeed._version import __version__
+from gpufeed.record import schema
+from gpufeed.record.layout import TRIALS_DIR
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOT_STARTED = 0, 1, 2, 3
 EXIT_COMMAND_FAILED, EXIT_STALLED, EXIT_BAD_RECORD, EXIT_INTERRUPTED = 4, 5, 6, 130
@@ -37,8 +40,8 @@ EXIT_NOTHING_TO_TUNE = 7
 EXIT_NO_BATCH_SIZE = 8
 EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process ended by SIGTERM
 
-EXIT_FOR_END = {"completed": EXIT_OK, "steps_reached": EXIT_OK, "failed": EXIT_COMMAND_FAILED,
-                "stalled": EXIT_STALLED, "interrupted": EXIT_INTERRUPTED}
+EXIT_FOR_END = {schema.END_COMPLETED: EXIT_OK, schema.END_STEPS_REACHED: EXIT_OK, schema.END_FAILED: EXIT_COMMAND_FAILED,
+                schema.END_STALLED: EXIT_STALLED, schema.END_INTERRUPTED: EXIT_INTERRUPTED}
 
 DEMO_SCRIPT = Path(__file__).with_name("demo") / "train.py"
 
@@ -118,8 +121,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=_path, metavar="DIR",
                    help="run directory to write (default ./gpufeed-runs/<timestamp>-<name>/)")
     p.add_argument("--json", type=_path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
-    p.add_argument("--stall-timeout", type=_positive_float, default=60.0, metavar="SECONDS",
-                   help="report a stuck loader after this long without a batch (default 60)")
+    p.add_argument("--stall-timeout", type=_positive_float, default=defaults.STALL_TIMEOUT_S, metavar="SECONDS",
+                   help=f"report a stuck loader after this long without a batch (default {defaults.STALL_TIMEOUT_S:g})")
     p.add_argument("--first-batch-timeout", type=_positive_float, default=th.FIRST_BATCH_TIMEOUT_S,
                    metavar="SECONDS",
                    help="the stall limit for each iterator's first batch, which waits for worker start-up "
@@ -128,8 +131,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="time the command gets to end by itself (its own SIGINT/SIGTERM handler, a checkpoint "
                         "save) after Ctrl-C, a SIGTERM to gpufeed or a stall, before it is killed "
                         f"(default {th.STOP_GRACE_S:g})")
-    p.add_argument("--interval", type=_positive_float, default=0.1, metavar="SECONDS",
-                   help="sampling interval for CPU, memory and GPU (default 0.1, i.e. 10 Hz)")
+    p.add_argument("--interval", type=_positive_float, default=defaults.SAMPLE_INTERVAL_S, metavar="SECONDS",
+                   help=f"sampling interval for CPU, memory and GPU (default {defaults.SAMPLE_INTERVAL_S:g}, "
+                        f"i.e. {1 / defaults.SAMPLE_INTERVAL_S:g} Hz)")
     _add_report_option(p)
     _add_tensorboard_option(p)
     p.add_argument("--prometheus", type=_port, metavar="PORT",
@@ -359,8 +363,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.measure.runner import RunOptions, StopSignals, default_run_dir
-    from gpufeed.record import schema
+    from gpufeed.measure.runner import RunOptions, StopSignals
+    from gpufeed.record.layout import default_run_dir
 
     if not command:
         _error("give the training command after --, e.g. gpufeed diagnose -- python train.py")
@@ -456,7 +460,7 @@ def _tune(command: list[str], args: argparse.Namespace, console: Console) -> int
     render_tune(result, console, out)
     _copy_result(out / TUNE_FILE, args.json, console)
     _write_report(out, args.report, console)
-    return EXIT_INTERRUPTED if result.stopped == "interrupted" else EXIT_OK
+    return EXIT_INTERRUPTED if result.stopped == schema.END_INTERRUPTED else EXIT_OK
 
 
 def _batch_size(command: list[str], args: argparse.Namespace, console: Console) -> int:
@@ -493,17 +497,17 @@ def _batch_size(command: list[str], args: argparse.Namespace, console: Console) 
     render_batch_size(result, console, out)
     _copy_result(out / RESULT_FILE, args.json, console)
     _write_report(out, args.report, console)
-    return EXIT_INTERRUPTED if result.stopped == "interrupted" else EXIT_OK
+    return EXIT_INTERRUPTED if result.stopped == schema.END_INTERRUPTED else EXIT_OK
 
 
 def _result_dir(out: Path | None, verb: str, command: list[str], result_file: str) -> Path | None:
     """``--out``, or a new ``./gpufeed-runs/<timestamp>-<verb>-<name>/``; None (said why) without a
     command or when the directory already holds a result."""
-    from gpufeed.measure.runner import default_run_dir
+    from gpufeed.record.layout import default_result_dir
     if not command:
         _error(f"give the training command after --, e.g. gpufeed {verb} -- python train.py")
         return None
-    out = out or default_run_dir([f"{verb}-{_command_name(command)}"])
+    out = out or default_result_dir(verb, command)
     problem = dir_problem(out, "--out", result_file, f"{verb} result")
     if problem:
         _error(problem)
@@ -521,11 +525,6 @@ def _copy_result(result: Path, path: Path | None, console: Console) -> None:
         _error(f"cannot write {path}: {error.strerror}.")
         return
     console.print(f"Result written to {path}", style="dim")
-
-
-def _command_name(command: list[str]) -> str:
-    from gpufeed.measure.runner import command_name
-    return command_name(command)
 
 
 def _run(command: list[str], args: argparse.Namespace) -> int:
@@ -600,7 +599,7 @@ def _what_if(args: argparse.Namespace, console: Console) -> int:
 def _trials_hint(dirs: list[Path]) -> str | None:
     """A tune or batch-size directory given to analyze: its runs are its trials."""
     for d in dirs:
-        trials = d / "trials"
+        trials = d / TRIALS_DIR
         if trials.is_dir() and not (d / "meta.json").exists():
             example = next((p for p in sorted(trials.iterdir()) if (p / "meta.json").exists()), trials / "NAME")
             return (f"{d} is a tune or batch-size directory, not a run: analyze one of its trials, e.g. "

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import datetime as _dt
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -23,16 +21,19 @@ from typing import IO, Any
 
 import psutil
 
-import gpufeed
+from gpufeed import defaults
 from gpufeed import thresholds as th
+from gpufeed._version import __version__
 from gpufeed.measure import watchdog as _watchdog
 from gpufeed.measure.inside.probe_config import ProbeConfig
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.record import schema
+from gpufeed.record.layout import default_run_dir
 from gpufeed.record.writer import write_json_atomic
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "inside" / "bootstrap"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder gpufeed itself is imported from
 TERMINATE_GRACE_S = 1.0   # after the grace: SIGTERM to the whole group, then SIGKILL this much later
 LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
 STDERR_TAIL_LINES = 20
@@ -55,13 +56,13 @@ class RunOptions:
     command: list[str]
     out: Path | None = None          # the run directory; default ./gpufeed-runs/<timestamp>-<name>
     steps: int | None = None         # measured steps after warm-up; None: run to the end
-    warmup_steps: int = 10
-    stall_timeout_s: float | None = 60.0
+    warmup_steps: int = defaults.WARMUP_STEPS
+    stall_timeout_s: float | None = defaults.STALL_TIMEOUT_S
     # The stall limit of an iterator's first batch (worker start-up); None: the stall timeout. gpufeed
     # diagnose gives it th.FIRST_BATCH_TIMEOUT_S; tune and batch-size trials have their own time limit.
     first_batch_timeout_s: float | None = None
     grace_s: float = th.STOP_GRACE_S  # time the command gets to end by itself once asked to stop
-    interval_s: float = 0.1
+    interval_s: float = defaults.SAMPLE_INTERVAL_S
     extra_env: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None     # measure this long after warm-up, then end the command (tune trials)
     timeout_s: float | None = None   # end the command after this long whatever it does (trials)
@@ -73,29 +74,8 @@ def bootstrap_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
     # For a command run by another interpreter: where gpufeed itself can be imported from.
-    env["GPUFEED_PACKAGE_PARENT"] = str(Path(gpufeed.__file__).resolve().parent.parent)
+    env["GPUFEED_PACKAGE_PARENT"] = str(PACKAGE_PARENT)
     return env
-
-
-def command_name(command: list[str]) -> str:
-    """A short name for the run directory: the script or module the command runs."""
-    for i, arg in enumerate(command):
-        if arg.endswith(".py"):
-            return Path(arg).stem
-        if arg == "-m" and i + 1 < len(command):
-            return command[i + 1].rsplit(".", 1)[-1]
-    return Path(command[0]).name if command else "run"
-
-
-def default_run_dir(command: list[str], root: Path = Path("gpufeed-runs")) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", command_name(command))[:40]
-    path = root / f"{stamp}-{name}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = root / f"{stamp}-{name}-{n}"
-    return path
 
 
 @dataclass(frozen=True)
@@ -124,7 +104,7 @@ def start_record(run_dir: Path, command: list[str], steps: int | None, warmup_st
     now_mono, now_unix = time.perf_counter(), time.time()
     cpus = usable_cpus()  # the command inherits gpufeed's affinity and cgroup
     meta = schema.RunMeta(
-        schema_version=schema.SCHEMA_VERSION, gpufeed_version=gpufeed.__version__,
+        schema_version=schema.SCHEMA_VERSION, gpufeed_version=__version__,
         name=run_dir.name, command=list(command), cwd=os.getcwd(),
         hostname=socket.gethostname(), cpu_count=cpus.count, cpus=cpus.to_dict(),
         started_at_unix=now_unix, clock_offset_s=now_unix - now_mono, t_start=now_mono,

@@ -38,10 +38,11 @@ from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.present.steps import recent, training_steps
 from gpufeed.present.terminal import SEVERITY_STYLE
 from gpufeed.record import schema
+from gpufeed.record.layout import RUNS_ROOT
 from gpufeed.record.reader import RecordError, load_meta, load_run
 from gpufeed.units import NA, fmt, human_bytes
 
-RUNS_DIR = Path("gpufeed-runs")
+RUNS_DIR = RUNS_ROOT
 HISTORY = 120               # readings kept per series: two minutes at the default refresh
 RUN_REFRESH_S = 2.0         # the run record is read at most this often
 RECENT_S = 10.0             # "recent" samples/s and data wait: over this many seconds

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 
 import psutil
 
+from gpufeed import defaults
 from gpufeed.measure.outside.nvml import GpuReading, Nvml
 from gpufeed.record.schema import SAMPLES_FILE
 from gpufeed.record.writer import JsonlWriter
@@ -170,7 +171,7 @@ class Sampler:
         self,
         run_dir: str | os.PathLike[str],
         root_pid: int,
-        interval_s: float = 0.1,
+        interval_s: float = defaults.SAMPLE_INTERVAL_S,
         nvml: Nvml | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
