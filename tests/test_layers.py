@@ -44,7 +44,6 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 # (importer's component or prefix, imported component or prefix): what removes it.
 KNOWN: dict[tuple[str, str], str] = {
     ("gpufeed.batchsize", "gpufeed.tune"): "one trial engine for tune and batch-size (issue 12, point 3)",
-    ("gpufeed.present", "gpufeed.measure.outside.sampler"): "watch uses a host reader (issue 12, point 4)",
 }
 KNOWN_CYCLES: dict[frozenset[str], str] = {
     frozenset({"gpufeed.analysis.rules", "gpufeed.analysis.ranks"}):

@@ -234,7 +234,7 @@ class _Run:
         time.sleep(0.5)  # the workers' stack dumps (SIGUSR1, sent by the probe) land meanwhile
         stall = _read_json(marker) or {}
         pids = [stall.get("pid")] + list(stall.get("worker_pids") or [])
-        stall["processes"] = sampler.snapshot([p for p in pids if p])
+        stall["processes"] = sampler.reader.snapshot([p for p in pids if p])
         self.meta.stall = stall
 
     def _tee_stderr(self, stream: IO[bytes]) -> None:
