@@ -13,7 +13,8 @@ from gpufeed.cli.common import (EXIT_COMMAND_FAILED, EXIT_FOR_END, EXIT_INTERNAL
 from gpufeed.record import schema
 
 def diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.measure.runner import RunOptions, StopSignals
+    from gpufeed.measure.processes import StopSignals
+    from gpufeed.measure.runner import RunOptions
     from gpufeed.record.layout import default_run_dir
 
     if not command:

@@ -7,7 +7,6 @@ Ctrl-C), ``meta.json`` is finalised and no process of the command's tree is left
 from __future__ import annotations
 
 import collections
-import ctypes
 import os
 import signal
 import socket
@@ -19,25 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
-
 from gpufeed import defaults
 from gpufeed import thresholds as th
 from gpufeed._version import __version__
-from gpufeed.measure import watchdog as _watchdog
 from gpufeed.measure.inside.probe_config import ProbeConfig
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.outside.sampler import Sampler
+from gpufeed.measure.processes import POLL_S, StopSignals, Watchdog, die_with_parent, signal_group, terminate_tree
 from gpufeed.record import schema
 from gpufeed.record.layout import default_run_dir
 from gpufeed.record.writer import write_json_atomic
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent / "inside" / "bootstrap"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder gpufeed itself is imported from
-TERMINATE_GRACE_S = 1.0   # after the grace: SIGTERM to the whole group, then SIGKILL this much later
-LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
 STDERR_TAIL_LINES = 20
-POLL_S = 0.05
 # Time the command gets to end by itself once the probe has reached --steps (it asks the process
 # to exit; a loop fed from a thread may not hear it at once, and must not keep gpufeed waiting).
 STEPS_REACHED_GRACE_S = 10.0
@@ -145,7 +139,7 @@ class _Run:
         try:
             child = subprocess.Popen(
                 self.options.command, env=self._child_env(), stdout=stdout, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         except (OSError, ValueError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
@@ -168,7 +162,7 @@ class _Run:
                 ended_in_grace = self._ask_to_stop(child, stop.first if end_reason == schema.END_INTERRUPTED
                                                    else signal.SIGTERM)
         finally:
-            _terminate_tree(child, sampler)
+            terminate_tree(child, sampler.seen)
             self.meta.sampler = sampler.stop()
             tee.join(timeout=2.0)
             watchdog.done()
@@ -183,7 +177,7 @@ class _Run:
         its main process, whose handler may save a checkpoint) and give it the grace to do so.
         True if it ended within the grace."""
         if sig == signal.SIGINT:
-            _signal_group(child.pid, signal.SIGINT)
+            signal_group(child.pid, signal.SIGINT)
         else:
             try:
                 child.send_signal(signal.SIGTERM)
@@ -366,131 +360,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-# -- processes -------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """In the child before exec: if gpufeed itself is killed, the command gets SIGTERM (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class StopSignals:
-    """gpufeed's own SIGINT and SIGTERM while a command runs: noted, never raised as an exception.
-
-    The first one stops the run (the runner polls ``first``); repeated Ctrl-C is counted and
-    otherwise ignored, so that the clean-up, the record's end and the diagnosis are never cut short
-    (the grace is bounded, and the watchdog ends everything if gpufeed is killed outright).
-    Nested use (the CLI around run and diagnosis, the runner inside) shares the outermost one.
-    """
-
-    _active: "StopSignals | None" = None
-
-    def __init__(self) -> None:
-        self.first: int | None = None
-        self.count = 0
-        self._depth = 0
-        self._previous: dict[int, Any] = {}
-
-    @classmethod
-    def active_or_new(cls) -> "StopSignals":
-        return cls._active if cls._active is not None else cls()
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = signum
-
-    def __enter__(self) -> "StopSignals":
-        if StopSignals._active is self:
-            self._depth += 1
-            return self
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._note)
-        self._depth = 1
-        StopSignals._active = self
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._depth -= 1
-        if self._depth:
-            return
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        StopSignals._active = None
-
-
-class Watchdog:
-    """The ``gpufeed.measure.watchdog`` process for one command (see there): it ends the command if
-    gpufeed dies before ``done()``."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc: subprocess.Popen | None = None
-        try:
-            # -I: the watchdog needs only psutil, whatever the user's PYTHONPATH holds.
-            self.proc = subprocess.Popen([sys.executable, "-I", _watchdog.__file__, str(pid)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, start_new_session=True)
-        except OSError as error:  # the command still runs; only the safety net is missing
-            sys.stderr.write(f"gpufeed: the watchdog could not start ({error.strerror}); if gpufeed is killed, "
-                             "end the command yourself.\n")
-
-    def done(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.proc.stdin.write(_watchdog.DONE)
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _group_alive(pgid: int) -> bool:
-    return _signal_group(pgid, 0)
-
-
-def _wait_until(done: Any, timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < end:
-        time.sleep(POLL_S)
-
-
-def _terminate_tree(child: subprocess.Popen, sampler: Sampler) -> None:
-    """End the command's whole tree: its process group, then anything the sampler saw escape it."""
-    pgid = child.pid
-
-    def all_gone() -> bool:
-        return child.poll() is not None and not _group_alive(pgid)
-
-    if child.poll() is not None:
-        # DataLoader workers of a main process that has exited get a moment to shut down themselves.
-        _wait_until(all_gone, LEFTOVER_GRACE_S)
-    for sig, grace_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 1.0)):
-        if not all_gone():
-            _signal_group(pgid, sig)
-            _wait_until(all_gone, grace_s)
-    for pid, created in list(sampler.seen.items()):
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    try:
-        child.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        pass
