@@ -62,6 +62,8 @@ def patch_torch(probe: Probe) -> None:
                     register_iterator(probe, iterator, self, t_created)
                 except Exception as error:  # never break the user's loop
                     probe.warn(f"a DataLoader is not measured: {describe_error(error)}")
+            # The one place a new DataLoader iterator is seen: a feature that acts on the training
+            # loader's iterator hooks in here (its state: iterator._gpufeed_state, if measured).
             return iterator
         return _get_iterator
 
