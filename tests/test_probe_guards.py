@@ -220,3 +220,23 @@ def test_workers_do_not_inherit_the_tensor_to_patch(tmp_path, monkeypatch):
         list(loader)  # CUDA is seen at this iterator: the patch goes in
         assert "to" in torch.Tensor.__dict__
         assert list(loader) == [False] * 4, "the workers forked after the patch use torch's own .to()"
+
+
+def test_the_probe_configuration_travels_through_the_environment(tmp_path):
+    """What the runner writes (``ProbeConfig.to_env``) is what the probe reads (``from_env``)."""
+    from gpufeed.measure.inside.probe_config import ProbeConfig
+    from gpufeed.measure.runner import RunOptions, bootstrap_env, probe_config
+
+    config = ProbeConfig(run_dir=str(tmp_path), max_steps=30, max_seconds=2.5, warmup_steps=4,
+                         stall_timeout_s=7.0, first_batch_timeout_s=90.0)
+    env = config.to_env()
+    assert env["GPUFEED_RUN_DIR"] == str(tmp_path) and env["GPUFEED_MAX_STEPS"] == "30"
+    assert ProbeConfig.from_env(env) == config
+    assert ProbeConfig.from_env({}) == ProbeConfig()          # nothing set: nothing measured
+    assert ProbeConfig.from_env({"GPUFEED_MAX_STEPS": "many"}).max_steps is None
+    options = RunOptions(command=["python", "train.py"], steps=20, warmup_steps=5, stall_timeout_s=60.0,
+                         first_batch_timeout_s=600.0)
+    told = ProbeConfig.from_env(bootstrap_env(probe_config(options, tmp_path).to_env()))
+    assert (told.max_steps, told.warmup_steps, told.max_seconds) == (25, 5, None)
+    assert (told.stall_timeout_s, told.first_batch_timeout_s) == (60.0, 600.0)
+    assert told.run_dir == str(tmp_path.resolve())

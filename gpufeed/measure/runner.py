@@ -72,6 +72,16 @@ def bootstrap_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def probe_config(options: RunOptions, run_dir: Path) -> ProbeConfig:
+    """What the probe in the command's processes is told (through their environment)."""
+    stall = options.stall_timeout_s or None
+    first_batch = None if stall is None else max(options.first_batch_timeout_s or 0.0, stall)
+    return ProbeConfig(run_dir=str(run_dir.resolve()),
+                       max_steps=None if options.steps is None else options.warmup_steps + options.steps,
+                       max_seconds=options.seconds, warmup_steps=options.warmup_steps, stall_timeout_s=stall,
+                       first_batch_timeout_s=first_batch)
+
+
 @dataclass(frozen=True)
 class RunResult:
     run_dir: Path
@@ -189,18 +199,9 @@ class _Run:
         except subprocess.TimeoutExpired:
             return False
 
-    def probe_config(self) -> ProbeConfig:
-        """What the probe in the command's processes is told (through their environment)."""
-        o = self.options
-        stall = o.stall_timeout_s or None
-        return ProbeConfig(run_dir=str(self.run_dir.resolve()),
-                           max_steps=None if o.steps is None else o.warmup_steps + o.steps,
-                           max_seconds=o.seconds, warmup_steps=o.warmup_steps, stall_timeout_s=stall,
-                           first_batch_timeout_s=None if stall is None else max(o.first_batch_timeout_s or 0.0, stall))
-
     def _child_env(self) -> dict[str, str]:
         env = bootstrap_env({**os.environ, **self.options.extra_env})
-        env.update(self.probe_config().to_env())
+        env.update(probe_config(self.options, self.run_dir).to_env())
         return env
 
     def _wait(self, child: subprocess.Popen, sampler: Sampler, stop: "StopSignals") -> str | None:
