@@ -9,6 +9,7 @@ iterators it writes for, and the one place the probe's parts meet:
 - ``lifecycle.py``: the limits, stalls, signals and exit hooks that end the process;
 - ``loaders.py``: each loader's configuration and the samples in its batches;
 - ``proc_memory.py``: /proc memory readers;
+- ``iterators.py``: what is kept per iterator; ``patching.py``: patching and unpatching an attribute;
 - ``install.py``: arming all of it from ``probe_config.ProbeConfig`` in the environment.
 
 Only the standard library and the user's own torch are imported here: this runs inside the user's
