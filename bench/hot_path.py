@@ -9,8 +9,9 @@ yields whole batches (samples counted on each batch by the documented rule).
 
     python bench/hot_path.py [--blocks 41] [--steps 2000] [--probe-file OLD_PROBE.py]
 
-``--probe-file`` measures another version of ``gpufeed/measure/inside/probe.py`` (e.g. one taken
-with ``git show REV:gpufeed/measure/inside/probe.py``) beside the current one.
+``--probe-file`` measures another version of the probe beside the current one: a single-file
+``probe.py`` as it was before the probe became several modules (e.g. ``git show
+32ea82b:gpufeed/measure/inside/probe.py > /tmp/old_probe.py``).
 """
 from __future__ import annotations
 
@@ -27,14 +28,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def _load_probe(path: Path | None):
-    if path is None:
-        from gpufeed.measure.inside import probe
-        return probe
-    spec = importlib.util.spec_from_file_location(f"probe_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class _Probe:
+    """What the benchmark needs of a probe: the current modules, or an old single-file probe.py."""
+
+    def __init__(self, path: Path | None) -> None:
+        if path is None:
+            from gpufeed.measure.inside import cuda, patches, probe
+            self.Probe, self.patch_torch, self.unpatch_torch = probe.Probe, patches.patch_torch, patches.unpatch_torch
+            self.patch_h2d = lambda p: cuda.patch_h2d(p.cuda)
+            self.unpatch_h2d = cuda.unpatch_h2d
+            return
+        spec = importlib.util.spec_from_file_location(f"probe_{path.stem}", path)
+        old = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(old)
+        self.Probe, self.patch_torch, self.unpatch_torch = old.Probe, old.patch_torch, old.unpatch_torch
+
+        def patch_h2d(p):
+            old._probe = p
+            old._patch_h2d()
+
+        def unpatch_h2d():
+            old._unpatch_h2d()
+            old._probe = None
+        self.patch_h2d, self.unpatch_h2d = patch_h2d, unpatch_h2d
 
 
 def _loaders():
@@ -105,16 +121,15 @@ def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
 
     times = {"plain": [], "probe": []}
     with tempfile.TemporaryDirectory() as run_dir:
-        probe_module._probe = probe_module.Probe(run_dir)
+        probe = probe_module.Probe(run_dir)
         block()
         for _ in range(blocks):
             for variant in random.sample(["plain", "probe"], 2):
                 if variant == "probe":
-                    probe_module._patch_h2d()
+                    probe_module.patch_h2d(probe)
                 times[variant].append(block())
-                probe_module._unpatch_h2d()
-        probe_module._probe.close()
-        probe_module._probe = None
+                probe_module.unpatch_h2d()
+        probe.close()
     plain = statistics.median(times["plain"])
     return plain, statistics.median(times["probe"]) - plain
 
@@ -124,7 +139,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=41)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--probe-file", type=Path, action="append", default=[],
-                        help="another probe.py to measure beside the current one (repeatable)")
+                        help="an old single-file probe.py to measure beside the current one (repeatable)")
     args = parser.parse_args()
     import torch
     torch.set_num_threads(1)
@@ -133,13 +148,13 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, make_loader in _loaders().items():
         for label, path in versions:
-            plain, cost = measure(_load_probe(path), make_loader, args.blocks, args.steps)
+            plain, cost = measure(_Probe(path), make_loader, args.blocks, args.steps)
             print(f"| {name} | {label} | {plain * 1e6:.2f} µs | {cost * 1e6:.2f} µs |", flush=True)
     print()
     print("| call | probe | plain | added by the Tensor.to patch |")
     print("|---|---|---|---|")
     for label, path in versions:
-        plain, cost = to_cost(_load_probe(path), args.blocks, args.steps)
+        plain, cost = to_cost(_Probe(path), args.blocks, args.steps)
         print(f"| tensor.to(torch.float64), 16 floats on the CPU | {label} | {plain * 1e6:.2f} µs | "
               f"{cost * 1e6:.2f} µs |", flush=True)
 

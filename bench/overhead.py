@@ -52,7 +52,8 @@ def hot_path_cost(blocks: int = 60, steps_per_block: int = 400) -> dict:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from gpufeed.measure.inside.probe import Probe, patch_torch, unpatch_torch
+    from gpufeed.measure.inside.patches import patch_torch, unpatch_torch
+    from gpufeed.measure.inside.probe import Probe
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

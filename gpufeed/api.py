@@ -14,14 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from gpufeed import defaults
 from gpufeed import thresholds as th
 from gpufeed.analysis import Diagnosis, Finding, Metrics
 from gpufeed.analysis import analyze as _analyze
 from gpufeed.measure.inside import overrides
-from gpufeed.measure.inside.probe import Probe, active_probe, note_process, patch_torch, unpatch_torch
+from gpufeed.measure.inside.install import note_process
+from gpufeed.measure.inside.patches import active_probe, patch_torch, unpatch_torch
+from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.outside.sampler import Sampler
-from gpufeed.measure.runner import default_run_dir, finish_record, start_record
+from gpufeed.measure.runner import finish_record, start_record
 from gpufeed.record import schema
+from gpufeed.record.layout import default_run_dir
 
 __all__ = ["profile", "analyze", "ProfileRun", "Profiler"]
 
@@ -56,7 +60,7 @@ class Profiler:
     callbacks (``gpufeed/integrations/``), whose start and end are two separate calls."""
 
     def __init__(self, out: str | os.PathLike[str] | None = None, warmup_steps: int = th.DEFAULT_WARMUP_STEPS,
-                 interval_s: float = 0.1) -> None:
+                 interval_s: float = defaults.SAMPLE_INTERVAL_S) -> None:
         self.run_dir = Path(out) if out is not None else default_run_dir(sys.argv[:1] or ["python"])
         self.warmup_steps = warmup_steps
         self.interval_s = interval_s
@@ -91,7 +95,7 @@ class Profiler:
 
 @contextlib.contextmanager
 def profile(out: str | os.PathLike[str] | None = None, warmup_steps: int = th.DEFAULT_WARMUP_STEPS,
-            interval_s: float = 0.1) -> Iterator[ProfileRun]:
+            interval_s: float = defaults.SAMPLE_INTERVAL_S) -> Iterator[ProfileRun]:
     """Measure every DataLoader iterated inside the block, and diagnose it when the block ends.
 
     DataLoader workers started with the ``spawn`` or ``forkserver`` methods are not instrumented

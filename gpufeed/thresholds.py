@@ -3,6 +3,8 @@
 Sources (peers' rules, what users hit, what was measured here) are in ``docs/sources.md``.
 Shares are fractions of the measured wall time; percentages are named ``*_PCT``.
 """
+from gpufeed import defaults
+
 
 # -- Is the job input-bound? ---------------------------------------------------------------------
 # PyTorch Profiler's TensorBoard plugin recommends more workers when DataLoader time is > 5% of the
@@ -60,9 +62,8 @@ GPU_UTIL_FLUCTUATING_P5_PCT = 10.0
 GPU_UTIL_LOW_PCT = 50.0
 
 # -- Measurement ------------------------------------------------------------------------------------------
-# Steps measured before the window opens (cuDNN autotuning, first-batch start-up, allocator
-# warm-up). A window can still open with prepared batches waiting: see ``analysis/metrics.py``.
-DEFAULT_WARMUP_STEPS = 10
+# Steps measured before the window opens: the default's reason is in ``defaults.py``.
+DEFAULT_WARMUP_STEPS = defaults.WARMUP_STEPS
 # Measured throughput above the loader's CPU-time bound by more than this is flagged as suspect
 # (docs/sources.md, "A measurement trap").
 CPU_BOUND_TOLERANCE = 1.10

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, get_
 
 import gpufeed
 from gpufeed.record.reader import load_run
-from gpufeed.measure.inside.probe import count_samples
+from gpufeed.measure.inside.loaders import count_samples
 
 
 # -- the rule on a batch ------------------------------------------------------------------------------

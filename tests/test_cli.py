@@ -242,7 +242,7 @@ def test_gpufeed_killed_takes_the_command_with_it(tmp_path):
     proc = start_long_run(run_dir, stdout=subprocess.DEVNULL)
     proc.kill()
     proc.wait()
-    # gpufeed's watchdog ends the command's session and every process it saw (runner.Watchdog).
+    # gpufeed's watchdog ends the command's session and every process it saw (processes.Watchdog).
     assert_nothing_left_running(str(WORKLOADS / "long_run.py"), grace_s=2)
     assert any((run_dir / "events").glob("*.jsonl")), "what was measured is on disk"
 

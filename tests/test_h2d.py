@@ -75,7 +75,7 @@ def test_a_blocking_copy_counts_only_the_copy(tmp_path, monkeypatch):
 
 
 def test_which_to_calls_go_to_a_cuda_device():
-    from gpufeed.measure.inside.probe import _targets_cuda
+    from gpufeed.measure.inside.cuda import targets_cuda as _targets_cuda
     meta = torch.empty(1, device="meta")
     cases = [((("cuda",), {}), True), ((("cuda:1",), {}), True), (((torch.device("cuda", 0),), {}), True),
              (((0,), {}), True), (((), {"device": "cuda"}), True), (((torch.float16,), {}), False),

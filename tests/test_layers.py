@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpufeed"
 
 # Lowest first. A name stands for the module or package of that name and everything below it.
 LAYERS: list[list[str]] = [
+    ["gpufeed.defaults"],                                    # the defaults of the settings
     ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds", "gpufeed.settings"],
     ["gpufeed.record"],
     ["gpufeed.measure"],                                     # the package itself (a docstring)
@@ -43,8 +44,6 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 
 # (importer's component or prefix, imported component or prefix): what removes it.
 KNOWN: dict[tuple[str, str], str] = {
-    ("gpufeed.present", "gpufeed.measure.outside.sampler"): "watch uses a host reader (issue 12, point 4)",
-    ("gpufeed.measure.runner", "gpufeed"): "the runner finds the package by its own path (issue 12, point 8)",
 }
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
 

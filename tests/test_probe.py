@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 import gpufeed
-from gpufeed.measure.inside import probe as probe_module
+from gpufeed.measure.inside import patches
 from gpufeed.measure.runner import BOOTSTRAP_DIR
 from gpufeed.record.reader import load_run
 
@@ -94,7 +94,7 @@ def test_profile_restores_torch_and_refuses_nesting(tmp_path):
             with gpufeed.profile(out=tmp_path / "b"):
                 pass
     assert dataloader._BaseDataLoaderIter.__next__ is original_next
-    assert probe_module.active_probe() is None
+    assert patches.active_probe() is None
 
 
 def test_profile_keeps_record_when_the_block_raises(tmp_path):
@@ -125,7 +125,7 @@ def test_bootstrap_waits_for_torch_and_chains_the_users_sitecustomize(tmp_path):
         assert 'torch' not in sys.modules, 'gpufeed imported torch early'
         import torch
         from torch.utils.data import DataLoader
-        from gpufeed.measure.inside.probe import active_probe
+        from gpufeed.measure.inside.patches import active_probe
         assert active_probe() is not None, 'probe not armed after torch import'
         print(sum(1 for _ in DataLoader(list(range(10)), batch_size=2)))
     """
@@ -196,7 +196,7 @@ def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
         loader = DataLoader(Squares(n=40, sleep_s=0.002), batch_size=2)
         state = None
         for _ in loader:
-            state = state or probe_module.active_probe()._iterators[0]
+            state = state or patches.active_probe().iterators()[0]
             resolved_during_run.append(len(state.cuda_rows))
             time.sleep(0.001)
         assert "to" in torch.Tensor.__dict__, "host-to-device copies are watched once CUDA is in use"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import gpufeed
-from gpufeed.measure.inside import overrides, probe as probe_module
+from gpufeed.measure.inside import cuda, loaders, overrides, patches, probe as probe_module
 from gpufeed.measure.runner import BOOTSTRAP_DIR
 
 REPO = Path(__file__).resolve().parent.parent
@@ -107,14 +108,14 @@ def test_exotic_loaders_run_identically_with_and_without_the_probe(tmp_path):
 
 
 def test_an_internal_error_stops_measuring_that_loader_only(tmp_path, monkeypatch):
-    samples_of = probe_module._samples_of
+    samples_of = patches.samples_of
 
     def broken(state, index, batch):
-        if state.samples_from == probe_module.FROM_BATCH:
+        if state.samples_from == loaders.FROM_BATCH:
             raise RuntimeError("a bug in gpufeed")
         return samples_of(state, index, batch)
 
-    monkeypatch.setattr(probe_module, "_samples_of", broken)
+    monkeypatch.setattr(patches, "samples_of", broken)
     broken_loader = DataLoader(list(range(40)), batch_size=None)       # counted per batch: hits the bug
     fine_loader = DataLoader(list(range(40)), batch_size=4)
     with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
@@ -149,13 +150,13 @@ def test_the_tensor_to_patch_is_invisible_to_torch_function():
         return type(out), list(Logged.seen), torch.Tensor.to
 
     without = call()
-    probe_module._patch_h2d()
+    cuda.patch_h2d(cuda.CudaTiming())
     try:
         assert "to" in torch.Tensor.__dict__, "the patch is installed"
         with_patch = call()
         plain = torch.ones(2).to(torch.float64)
     finally:
-        probe_module._unpatch_h2d()
+        cuda.unpatch_h2d()
     assert with_patch == without
     assert with_patch[0] is Logged
     assert type(plain) is torch.Tensor and plain.dtype == torch.float64
@@ -178,7 +179,7 @@ def test_an_override_to_no_workers_drops_what_torch_refuses(keyword, value):
 def test_only_training_iterators_count_towards_the_limits(tmp_path):
     """The agreed ``training`` slot: an evaluation loader's batches are measured but never end the run."""
     with gpufeed.profile(out=tmp_path / "run", warmup_steps=0):
-        probe = probe_module.active_probe()
+        probe = patches.active_probe()
         evaluation = iter(DataLoader(list(range(12)), batch_size=2))
         evaluation._gpufeed_state.training = False
         assert len(list(evaluation)) == 6
@@ -191,10 +192,11 @@ def test_the_stall_watch_sees_any_iterator_waiting(tmp_path):
     """Per iterator, so a loader stuck in one thread is seen while another thread's loader runs."""
     probe = probe_module.Probe(str(tmp_path), stall_timeout_s=0.5, flush_interval_s=60)
     try:
-        busy, stuck = probe_module._IteratorState(probe, 0, [11]), probe_module._IteratorState(probe, 1, [12])
-        probe._iterators += [busy, stuck]
-        stuck.waiting_since = probe_module._clock() - 1.0
-        probe._check_stall()
+        busy, stuck = probe.new_iterator([11]), probe.new_iterator([12])
+        probe.add_iterator(busy)
+        probe.add_iterator(stuck)
+        stuck.waiting_since = time.perf_counter() - 1.0
+        probe.check_stall()
         stall = json.loads((tmp_path / "stall.json").read_text())
         assert stall["iter_id"] == 1 and stall["worker_pids"] == [12] and stall["waited_s"] >= 1.0
     finally:
@@ -218,3 +220,23 @@ def test_workers_do_not_inherit_the_tensor_to_patch(tmp_path, monkeypatch):
         list(loader)  # CUDA is seen at this iterator: the patch goes in
         assert "to" in torch.Tensor.__dict__
         assert list(loader) == [False] * 4, "the workers forked after the patch use torch's own .to()"
+
+
+def test_the_probe_configuration_travels_through_the_environment(tmp_path):
+    """What the runner writes (``ProbeConfig.to_env``) is what the probe reads (``from_env``)."""
+    from gpufeed.measure.inside.probe_config import ProbeConfig
+    from gpufeed.measure.runner import RunOptions, bootstrap_env, probe_config
+
+    config = ProbeConfig(run_dir=str(tmp_path), max_steps=30, max_seconds=2.5, warmup_steps=4,
+                         stall_timeout_s=7.0, first_batch_timeout_s=90.0)
+    env = config.to_env()
+    assert env["GPUFEED_RUN_DIR"] == str(tmp_path) and env["GPUFEED_MAX_STEPS"] == "30"
+    assert ProbeConfig.from_env(env) == config
+    assert ProbeConfig.from_env({}) == ProbeConfig()          # nothing set: nothing measured
+    assert ProbeConfig.from_env({"GPUFEED_MAX_STEPS": "many"}).max_steps is None
+    options = RunOptions(command=["python", "train.py"], steps=20, warmup_steps=5, stall_timeout_s=60.0,
+                         first_batch_timeout_s=600.0)
+    told = ProbeConfig.from_env(bootstrap_env(probe_config(options, tmp_path).to_env()))
+    assert (told.max_steps, told.warmup_steps, told.max_seconds) == (25, 5, None)
+    assert (told.stall_timeout_s, told.first_batch_timeout_s) == (60.0, 600.0)
+    assert told.run_dir == str(tmp_path.resolve())

@@ -189,15 +189,15 @@ def test_the_same_directory_twice_is_refused(tmp_path):
 
 
 def test_rank_from_the_environment_of_other_launchers(monkeypatch):
-    from gpufeed.measure.inside import probe
+    from gpufeed.measure.inside import lifecycle as probe
     for name in probe.RANK_ENV + probe.WORLD_SIZE_ENV:
         monkeypatch.delenv(name, raising=False)
-    assert probe._env_int(*probe.RANK_ENV) is None                 # no launcher: no rank
+    assert probe.env_int(*probe.RANK_ENV) is None                 # no launcher: no rank
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "8")
-    assert probe._env_int(*probe.RANK_ENV) == 3 and probe._env_int(*probe.WORLD_SIZE_ENV) == 8
+    assert probe.env_int(*probe.RANK_ENV) == 3 and probe.env_int(*probe.WORLD_SIZE_ENV) == 8
     monkeypatch.setenv("RANK", "5")                                  # torchrun's, under srun, wins
-    assert probe._env_int(*probe.RANK_ENV) == 5
+    assert probe.env_int(*probe.RANK_ENV) == 5
 
 
 def test_terminal_shows_the_ranks_and_caps_a_large_job(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from gpufeed import cli
 from gpufeed import thresholds as th
 from gpufeed.measure import runner
-from gpufeed.measure.inside.probe import Probe, _IteratorState
+from gpufeed.measure.inside.probe import Probe
 from gpufeed.record import schema
 from tests.synthetic import Scenario, write_run
 from tests.test_cli import gpufeed
@@ -112,13 +112,13 @@ def test_the_first_batch_has_its_own_stall_limit(tmp_path):
     (tmp_path / schema.EVENTS_DIR).mkdir()
     probe = Probe(str(tmp_path), stall_timeout_s=1.0, first_batch_timeout_s=30.0, flush_interval_s=3600)
     try:
-        state = _IteratorState(probe, 0, [])
-        probe._iterators.append(state)
+        state = probe.new_iterator([])
+        probe.add_iterator(state)
         state.waiting_since = time.perf_counter() - 5.0  # waiting 5 s inside next() for the first batch
-        probe._check_stall()
+        probe.check_stall()
         assert not probe.stall_reported
         state.next_index = 3  # the same wait for a later batch is a stall
-        probe._check_stall()
+        probe.check_stall()
         assert probe.stall_reported
         marker = json.loads((tmp_path / schema.STALL_MARKER).read_text())
         assert marker["first_batch"] is False and marker["waited_s"] >= 5.0

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import psutil
 import pytest
 
-from gpufeed.measure.outside import sampler as sampler_mod
+from gpufeed.measure.outside import host as sampler_mod
 from gpufeed.measure.outside.nvml import GpuReading, Nvml
 from gpufeed.measure.outside.sampler import Sampler
 
@@ -90,7 +90,7 @@ def test_snapshot_reports_workers(tree: tuple[subprocess.Popen[str], int], tmp_p
     sampler = Sampler(tmp_path, root_pid, nvml=Nvml(module=failing_nvml()))
     sampler.start()
     time.sleep(0.5)
-    snap = {s["pid"]: s for s in sampler.snapshot([root_pid, busy_pid, 2**22 + 7])}
+    snap = {s["pid"]: s for s in sampler.reader.snapshot([root_pid, busy_pid, 2**22 + 7])}
     sampler.stop()
     assert snap[root_pid]["status"] == "sleeping" and snap[root_pid]["threads"] >= 1
     assert snap[busy_pid]["cpu_pct"] is not None and snap[busy_pid]["cpu_pct"] > 20

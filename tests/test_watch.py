@@ -113,19 +113,19 @@ def test_compact_layout_fits_the_width_it_is_given(tmp_path, gpus):
     wide console instead, and measure what the 36 columns were given."""
     from rich.console import Console
 
-    from gpufeed.measure.outside.sampler import Sampler
+    from gpufeed.measure.outside.host import HostReader
     from gpufeed.present.watch import Dashboard
     from tests.test_sampler import failing_nvml, fake_nvml
 
     nvml = Nvml(module=fake_nvml() if gpus == "two" else failing_nvml())
-    sampler = Sampler(tmp_path, root_pid=os.getpid(), nvml=nvml)
-    board = Dashboard(sampler, running_run(tmp_path / "run", wait_s=0.02, fetch_cpu_s=0.002), discover=False)
+    reader = HostReader(root_pid=os.getpid(), nvml=nvml)
+    board = Dashboard(reader, running_run(tmp_path / "run", wait_s=0.02, fetch_cpu_s=0.002), discover=False)
     for t in range(3):
         board.tick(float(t))
     console = Console(record=True, width=200, file=io.StringIO())
     console.print(board.render(36, 8, 1.0))
     lines = console.export_text().rstrip("\n").splitlines()
-    sampler.stop()
+    reader.close()
     assert lines[0].startswith("GPU") and lines[-1].endswith("q: quit"), lines
     assert any(line.startswith("CPU") for line in lines) and any(line.startswith("run ") for line in lines)
     assert max(len(line.rstrip()) for line in lines) <= 36, lines
@@ -187,7 +187,7 @@ def test_gpus_through_a_fake_nvml(tmp_path):
     """Two GPUs, the sawtooth on GPU 0, a process holding memory; then a reading that fails: N/A."""
     from rich.console import Console
 
-    from gpufeed.measure.outside.sampler import Sampler
+    from gpufeed.measure.outside.host import HostReader
     from gpufeed.present.watch import Dashboard
     from tests.test_sampler import fake_nvml
 
@@ -196,15 +196,15 @@ def test_gpus_through_a_fake_nvml(tmp_path):
         console.print(board.render(120, 40, 1.0))
         return console.export_text()
 
-    sampler = Sampler(tmp_path, root_pid=os.getpid(), nvml=Nvml(module=fake_nvml()))
-    board = Dashboard(sampler, None, discover=False)
+    reader = HostReader(root_pid=os.getpid(), nvml=Nvml(module=fake_nvml()))
+    board = Dashboard(reader, None, discover=False)
     for t in range(5):
         board.tick(float(t))
     text = screen(board)
     assert re.search(r"0 +87% +▇▇▇▇▇ +1\.0 GiB / 80\.0 GiB", text), text
     assert re.search(r"1 +5% +▁▁▁▁▁", text), text
     assert re.search(r"GPU processes.*\n.*\n +0 +100 +\S+ +2\.0 GiB", text), text
-    sampler.nvml = Nvml(module=fake_nvml(util_fails=True))
+    reader.nvml = Nvml(module=fake_nvml(util_fails=True))
     board.tick(5.0)
     assert re.search(r"0 +N/A +▇▇▇▇▇  ", screen(board)), "a failed reading is N/A and a gap, not 0"
-    sampler.stop()
+    reader.close()

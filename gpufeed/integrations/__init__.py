@@ -38,10 +38,10 @@ class FitSession:
     def start(self) -> Path | None:
         """Start measuring this process; None when gpufeed diagnose already does."""
         from gpufeed.api import Profiler
-        from gpufeed.measure.inside.probe import active_probe
+        from gpufeed.measure.inside.patches import active_probe
         if active_probe() is not None:
             return None
-        from gpufeed.measure.runner import default_run_dir
+        from gpufeed.record.layout import default_run_dir
         out = Path(self.out) if self.out is not None else default_run_dir(sys.argv[:1] or ["python"])
         rank = os.environ.get("RANK")
         if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":

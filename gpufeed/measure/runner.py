@@ -7,10 +7,7 @@ Ctrl-C), ``meta.json`` is finalised and no process of the command's tree is left
 from __future__ import annotations
 
 import collections
-import ctypes
-import datetime as _dt
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -21,22 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import psutil
-
-import gpufeed
+from gpufeed import defaults
 from gpufeed import thresholds as th
-from gpufeed.measure import watchdog as _watchdog
-from gpufeed.measure.inside import probe as _probe
+from gpufeed._version import __version__
+from gpufeed.measure.inside.probe_config import ProbeConfig
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.measure.outside.sampler import Sampler
+from gpufeed.measure.processes import POLL_S, StopSignals, Watchdog, die_with_parent, signal_group, terminate_tree
 from gpufeed.record import schema
+from gpufeed.record.layout import default_run_dir
 from gpufeed.record.writer import write_json_atomic
 
-BOOTSTRAP_DIR = Path(_probe.__file__).with_name("bootstrap")
-TERMINATE_GRACE_S = 1.0   # after the grace: SIGTERM to the whole group, then SIGKILL this much later
-LEFTOVER_GRACE_S = 2.0    # time DataLoader workers get to exit after their main process has
+BOOTSTRAP_DIR = Path(__file__).resolve().parent / "inside" / "bootstrap"
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder gpufeed itself is imported from
 STDERR_TAIL_LINES = 20
-POLL_S = 0.05
 # Time the command gets to end by itself once the probe has reached --steps (it asks the process
 # to exit; a loop fed from a thread may not hear it at once, and must not keep gpufeed waiting).
 STEPS_REACHED_GRACE_S = 10.0
@@ -55,13 +50,13 @@ class RunOptions:
     command: list[str]
     out: Path | None = None          # the run directory; default ./gpufeed-runs/<timestamp>-<name>
     steps: int | None = None         # measured steps after warm-up; None: run to the end
-    warmup_steps: int = 10
-    stall_timeout_s: float | None = 60.0
+    warmup_steps: int = defaults.WARMUP_STEPS
+    stall_timeout_s: float | None = defaults.STALL_TIMEOUT_S
     # The stall limit of an iterator's first batch (worker start-up); None: the stall timeout. gpufeed
     # diagnose gives it th.FIRST_BATCH_TIMEOUT_S; tune and batch-size trials have their own time limit.
     first_batch_timeout_s: float | None = None
     grace_s: float = th.STOP_GRACE_S  # time the command gets to end by itself once asked to stop
-    interval_s: float = 0.1
+    interval_s: float = defaults.SAMPLE_INTERVAL_S
     extra_env: dict[str, str] = field(default_factory=dict)
     seconds: float | None = None     # measure this long after warm-up, then end the command (tune trials)
     timeout_s: float | None = None   # end the command after this long whatever it does (trials)
@@ -73,29 +68,18 @@ def bootstrap_env(env: dict[str, str]) -> dict[str, str]:
     env = dict(env)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), env.get("PYTHONPATH")) if p)
     # For a command run by another interpreter: where gpufeed itself can be imported from.
-    env["GPUFEED_PACKAGE_PARENT"] = str(Path(gpufeed.__file__).resolve().parent.parent)
+    env["GPUFEED_PACKAGE_PARENT"] = str(PACKAGE_PARENT)
     return env
 
 
-def command_name(command: list[str]) -> str:
-    """A short name for the run directory: the script or module the command runs."""
-    for i, arg in enumerate(command):
-        if arg.endswith(".py"):
-            return Path(arg).stem
-        if arg == "-m" and i + 1 < len(command):
-            return command[i + 1].rsplit(".", 1)[-1]
-    return Path(command[0]).name if command else "run"
-
-
-def default_run_dir(command: list[str], root: Path = Path("gpufeed-runs")) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", command_name(command))[:40]
-    path = root / f"{stamp}-{name}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = root / f"{stamp}-{name}-{n}"
-    return path
+def probe_config(options: RunOptions, run_dir: Path) -> ProbeConfig:
+    """What the probe in the command's processes is told (through their environment)."""
+    stall = options.stall_timeout_s or None
+    first_batch = None if stall is None else max(options.first_batch_timeout_s or 0.0, stall)
+    return ProbeConfig(run_dir=str(run_dir.resolve()),
+                       max_steps=None if options.steps is None else options.warmup_steps + options.steps,
+                       max_seconds=options.seconds, warmup_steps=options.warmup_steps, stall_timeout_s=stall,
+                       first_batch_timeout_s=first_batch)
 
 
 @dataclass(frozen=True)
@@ -124,7 +108,7 @@ def start_record(run_dir: Path, command: list[str], steps: int | None, warmup_st
     now_mono, now_unix = time.perf_counter(), time.time()
     cpus = usable_cpus()  # the command inherits gpufeed's affinity and cgroup
     meta = schema.RunMeta(
-        schema_version=schema.SCHEMA_VERSION, gpufeed_version=gpufeed.__version__,
+        schema_version=schema.SCHEMA_VERSION, gpufeed_version=__version__,
         name=run_dir.name, command=list(command), cwd=os.getcwd(),
         hostname=socket.gethostname(), cpu_count=cpus.count, cpus=cpus.to_dict(),
         started_at_unix=now_unix, clock_offset_s=now_unix - now_mono, t_start=now_mono,
@@ -165,7 +149,7 @@ class _Run:
         try:
             child = subprocess.Popen(
                 self.options.command, env=self._child_env(), stdout=stdout, stderr=subprocess.PIPE,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         except (OSError, ValueError) as error:
             reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
@@ -188,7 +172,7 @@ class _Run:
                 ended_in_grace = self._ask_to_stop(child, stop.first if end_reason == schema.END_INTERRUPTED
                                                    else signal.SIGTERM)
         finally:
-            _terminate_tree(child, sampler)
+            terminate_tree(child, sampler.seen)
             self.meta.sampler = sampler.stop()
             tee.join(timeout=2.0)
             watchdog.done()
@@ -203,7 +187,7 @@ class _Run:
         its main process, whose handler may save a checkpoint) and give it the grace to do so.
         True if it ended within the grace."""
         if sig == signal.SIGINT:
-            _signal_group(child.pid, signal.SIGINT)
+            signal_group(child.pid, signal.SIGINT)
         else:
             try:
                 child.send_signal(signal.SIGTERM)
@@ -217,16 +201,7 @@ class _Run:
 
     def _child_env(self) -> dict[str, str]:
         env = bootstrap_env({**os.environ, **self.options.extra_env})
-        env[_probe.ENV_RUN_DIR] = str(self.run_dir.resolve())
-        if self.options.steps is not None:
-            env[_probe.ENV_MAX_STEPS] = str(self.options.warmup_steps + self.options.steps)
-        if self.options.seconds is not None:
-            env[_probe.ENV_MAX_SECONDS] = str(self.options.seconds)
-            env[_probe.ENV_WARMUP_STEPS] = str(self.options.warmup_steps)
-        if self.options.stall_timeout_s:
-            env[_probe.ENV_STALL_TIMEOUT] = str(self.options.stall_timeout_s)
-            first = max(self.options.first_batch_timeout_s or 0.0, self.options.stall_timeout_s)
-            env[_probe.ENV_FIRST_BATCH_TIMEOUT] = str(first)
+        env.update(probe_config(self.options, self.run_dir).to_env())
         return env
 
     def _wait(self, child: subprocess.Popen, sampler: Sampler, stop: "StopSignals") -> str | None:
@@ -254,7 +229,7 @@ class _Run:
         time.sleep(0.5)  # the workers' stack dumps (SIGUSR1, sent by the probe) land meanwhile
         stall = _read_json(marker) or {}
         pids = [stall.get("pid")] + list(stall.get("worker_pids") or [])
-        stall["processes"] = sampler.snapshot([p for p in pids if p])
+        stall["processes"] = sampler.reader.snapshot([p for p in pids if p])
         self.meta.stall = stall
 
     def _tee_stderr(self, stream: IO[bytes]) -> None:
@@ -386,131 +361,3 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-# -- processes -------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    """In the child before exec: if gpufeed itself is killed, the command gets SIGTERM (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-class StopSignals:
-    """gpufeed's own SIGINT and SIGTERM while a command runs: noted, never raised as an exception.
-
-    The first one stops the run (the runner polls ``first``); repeated Ctrl-C is counted and
-    otherwise ignored, so that the clean-up, the record's end and the diagnosis are never cut short
-    (the grace is bounded, and the watchdog ends everything if gpufeed is killed outright).
-    Nested use (the CLI around run and diagnosis, the runner inside) shares the outermost one.
-    """
-
-    _active: "StopSignals | None" = None
-
-    def __init__(self) -> None:
-        self.first: int | None = None
-        self.count = 0
-        self._depth = 0
-        self._previous: dict[int, Any] = {}
-
-    @classmethod
-    def active_or_new(cls) -> "StopSignals":
-        return cls._active if cls._active is not None else cls()
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.first is None:
-            self.first = signum
-
-    def __enter__(self) -> "StopSignals":
-        if StopSignals._active is self:
-            self._depth += 1
-            return self
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._note)
-        self._depth = 1
-        StopSignals._active = self
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._depth -= 1
-        if self._depth:
-            return
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        StopSignals._active = None
-
-
-class Watchdog:
-    """The ``gpufeed.measure.watchdog`` process for one command (see there): it ends the command if
-    gpufeed dies before ``done()``."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc: subprocess.Popen | None = None
-        try:
-            # -I: the watchdog needs only psutil, whatever the user's PYTHONPATH holds.
-            self.proc = subprocess.Popen([sys.executable, "-I", _watchdog.__file__, str(pid)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.DEVNULL, start_new_session=True)
-        except OSError as error:  # the command still runs; only the safety net is missing
-            sys.stderr.write(f"gpufeed: the watchdog could not start ({error.strerror}); if gpufeed is killed, "
-                             "end the command yourself.\n")
-
-    def done(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.proc.stdin.write(_watchdog.DONE)
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _signal_group(pgid: int, sig: int) -> bool:
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _group_alive(pgid: int) -> bool:
-    return _signal_group(pgid, 0)
-
-
-def _wait_until(done: Any, timeout_s: float) -> None:
-    end = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < end:
-        time.sleep(POLL_S)
-
-
-def _terminate_tree(child: subprocess.Popen, sampler: Sampler) -> None:
-    """End the command's whole tree: its process group, then anything the sampler saw escape it."""
-    pgid = child.pid
-
-    def all_gone() -> bool:
-        return child.poll() is not None and not _group_alive(pgid)
-
-    if child.poll() is not None:
-        # DataLoader workers of a main process that has exited get a moment to shut down themselves.
-        _wait_until(all_gone, LEFTOVER_GRACE_S)
-    for sig, grace_s in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 1.0)):
-        if not all_gone():
-            _signal_group(pgid, sig)
-            _wait_until(all_gone, grace_s)
-    for pid, created in list(sampler.seen.items()):
-        try:
-            proc = psutil.Process(pid)
-            if abs(proc.create_time() - created) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE:
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    try:
-        child.wait(timeout=1.0)
-    except subprocess.TimeoutExpired:
-        pass

@@ -1,7 +1,7 @@
 """``gpufeed watch``: `watch nvidia-smi` and `top` in one live screen, next to a running diagnosis.
 
-Every refresh reads the host and the GPUs through the outside sampler's own reading code
-(``Sampler.sample``: /proc and the NVML gateway), keeps a short history per GPU so the sawtooth
+Every refresh reads the host and the GPUs with the reader the outside sampler records with
+(``HostReader.read``: /proc and the NVML gateway), keeps a short history per GPU so the sawtooth
 shows as a sparkline, and, when a ``gpufeed diagnose`` run is going, reads its run record for the
 job's recent samples/s, data-wait share, worker states and current findings. The run is read
 (and analysed) every ``RUN_REFRESH_S`` at most, and less often when that gets slow: a long run's
@@ -34,14 +34,15 @@ from rich.text import Text
 
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.findings import Finding
-from gpufeed.measure.outside.sampler import Sampler
+from gpufeed.measure.outside.host import HostReader
 from gpufeed.present.steps import recent, training_steps
 from gpufeed.present.terminal import SEVERITY_STYLE
 from gpufeed.record import schema
+from gpufeed.record.layout import RUNS_ROOT
 from gpufeed.record.reader import RecordError, load_meta, load_run
 from gpufeed.units import NA, fmt, human_bytes
 
-RUNS_DIR = Path("gpufeed-runs")
+RUNS_DIR = RUNS_ROOT
 HISTORY = 120               # readings kept per series: two minutes at the default refresh
 RUN_REFRESH_S = 2.0         # the run record is read at most this often
 RECENT_S = 10.0             # "recent" samples/s and data wait: over this many seconds
@@ -117,8 +118,8 @@ def read_run(run_dir: Path) -> RunState:
 class Dashboard:
     """The readings and their history; ``render`` draws them for a terminal of a given size."""
 
-    def __init__(self, sampler: Sampler, run_dir: Path | None, discover: bool) -> None:
-        self.sampler = sampler
+    def __init__(self, reader: HostReader, run_dir: Path | None, discover: bool) -> None:
+        self.reader = reader
         self.run_dir = run_dir
         self.discover = discover
         self.line: dict[str, Any] = {}
@@ -131,7 +132,7 @@ class Dashboard:
         self._next_run_t = 0.0
 
     def tick(self, now: float) -> None:
-        self.line = self.sampler.sample()
+        self.line = self.reader.read()
         self.ticks += 1
         cores = [c for c in self.line["cpu_pct"] if c is not None]
         self.cpu_total.append(sum(cores) / len(cores) if cores else None)
@@ -139,7 +140,7 @@ class Dashboard:
             self.gpu_util.setdefault(g["index"], deque(maxlen=HISTORY)).append(g["util_pct"])
             self.gpu_mem.setdefault(g["index"], deque(maxlen=HISTORY)).append(g["mem_used_b"])
         if not self.line["gpus"]:
-            self.gpu_error = self.sampler.nvml.error or "no GPU found"
+            self.gpu_error = self.reader.nvml.error or "no GPU found"
         if now >= self._next_run_t:
             started = time.monotonic()
             if self.discover and (self.run is None or not self.run.running):
@@ -286,9 +287,8 @@ def watch(run_dir: Path | None = None, interval_s: float = 1.0, console: Console
     if run_dir is not None and not run_dir.is_dir():
         raise RecordError(f"{run_dir} is not a directory (expected a gpufeed run directory).")
     console = console or Console()
-    # Only sample() is used: the sampler's file (RUN_DIR/samples.jsonl) is written by start(), never here.
-    sampler = Sampler(run_dir or Path("."), root_pid=os.getpid())
-    board = Dashboard(sampler, run_dir, discover=run_dir is None)
+    reader = HostReader(root_pid=os.getpid())  # reads the host; records nothing
+    board = Dashboard(reader, run_dir, discover=run_dir is None)
     try:
         with _keys() as read_key, Live(console=console, screen=True, auto_refresh=False) as live:
             next_t = time.monotonic()
@@ -305,4 +305,4 @@ def watch(run_dir: Path | None = None, interval_s: float = 1.0, console: Console
     except KeyboardInterrupt:
         return  # Ctrl-C is how people leave `watch`: a clean exit, not an error
     finally:
-        sampler.stop()
+        reader.close()

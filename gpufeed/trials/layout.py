@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from gpufeed.record.layout import TRIALS_DIR
 from gpufeed.settings import LoaderSettings
 
-TRIALS_DIR = "trials"
 TUNE_FILE = "tune.json"
 BEST_CONFIG_FILE = "best-config.json"
 BATCH_SIZE_FILE = "batch_size.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufeed import thresholds as th
+from gpufeed import defaults, thresholds as th
 
 
 @dataclass
@@ -14,4 +14,4 @@ class TrialOptions:
     seconds: float = th.TUNE_TRIAL_SECONDS      # measured per trial, after the warm-up
     warmup_steps: int = th.DEFAULT_WARMUP_STEPS
     stall_timeout_s: float = th.TUNE_STALL_TIMEOUT_S
-    interval_s: float = 0.1
+    interval_s: float = defaults.SAMPLE_INTERVAL_S

@@ -48,7 +48,7 @@ def tune_loader(dataset: Any, train_step: Callable[[Any], Any], *, seconds: floa
     ``loader_kwargs`` are your own DataLoader keywords (batch_size, shuffle, collate_fn, ...): the
     first trial uses them as they are; the others override only the tuned keywords.
     """
-    from gpufeed.measure.runner import default_run_dir
+    from gpufeed.record.layout import default_run_dir
 
     if not callable(train_step):
         raise TypeError("train_step must be a function taking one batch")

@@ -24,9 +24,11 @@ import sys
 import time
 from typing import Any
 
-from gpufeed.measure.inside import probe as _probe_module
-from gpufeed.measure.inside import tf_pipeline, tf_trace
+from gpufeed.measure.inside import lifecycle, tf_pipeline, tf_trace
+from gpufeed.measure.inside.patches import active_probe
+from gpufeed.measure.inside.patching import patch
 from gpufeed.measure.inside.probe import Probe
+from gpufeed.measure.inside.probe_config import ProbeConfig
 
 # The longest profiled window: the trace holds every op of every step and of every element (26 MB
 # for 128 steps of 16 elements of a 250-op map), kept in memory until the window ends.
@@ -215,14 +217,14 @@ def patch_tensorflow(tf_probe: TfProbe) -> None:
             return original(self)
         return __next__
 
-    _probe_module._patch(owned, "_create_iterator", make_create)
-    _probe_module._patch(owned, "__next__", make_next)
+    patch(owned, "_create_iterator", make_create)
+    patch(owned, "__next__", make_next)
 
 
 def patch_keras(module: Any) -> None:
     """Keras's TensorFlow trainer: each ``train_function`` call runs ``steps_per_execution`` steps."""
     trainer = getattr(module, "TensorFlowTrainer", None)
-    if trainer is None or not os.environ.get(_probe_module.ENV_RUN_DIR):
+    if trainer is None or not ProbeConfig.from_env().run_dir:
         return
 
     def make(original):
@@ -239,7 +241,7 @@ def patch_keras(module: Any) -> None:
             return result
         return make_train_function
 
-    _probe_module._patch(trainer, "make_train_function", make)
+    patch(trainer, "make_train_function", make)
 
 
 def install_from_env(_module: Any = None) -> TfProbe | None:
@@ -247,7 +249,7 @@ def install_from_env(_module: Any = None) -> TfProbe | None:
     recorded until the process iterates a tf.data dataset (``TfProbe.tick``): a PyTorch script that
     imports TensorFlow on the side keeps the torch probe as its only one."""
     global _tf_probe
-    run_dir = os.environ.get(_probe_module.ENV_RUN_DIR)
+    run_dir = ProbeConfig.from_env().run_dir
     if not run_dir or _tf_probe is not None:
         return _tf_probe
     tf_probe = TfProbe(run_dir)
@@ -257,23 +259,19 @@ def install_from_env(_module: Any = None) -> TfProbe | None:
 
 def _probe_for(tf_probe: TfProbe) -> Probe:
     """The process's probe: the torch probe if it runs, else one of our own."""
-    probe = _probe_module.active_probe()
+    probe = active_probe()
     if probe is not None:  # atexit runs finish before the probe's close, registered earlier
         atexit.register(tf_probe.finish)
         return probe
     # A TensorFlow-only process: its own event file, as the torch probe writes it.
-    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=_probe_module._env_int(_probe_module.ENV_MAX_STEPS),
-                            warmup_steps=_probe_module._env_int(_probe_module.ENV_WARMUP_STEPS) or 0)
+    config = ProbeConfig.from_env()
+    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=config.max_steps, warmup_steps=config.warmup_steps)
     probe.before_close = tf_probe.finish
     atexit.register(probe.close)
-    _probe_module._flush_on_sigterm(probe)
-    _probe_module._note_how_it_ends(probe)
+    lifecycle.flush_on_sigterm(probe)
+    lifecycle.note_how_it_ends(probe)
     tf = sys.modules.get("tensorflow")
-    probe.event("process", ppid=os.getppid(), argv=list(sys.argv), t=_clock(),
-                rank=_probe_module._env_int(*_probe_module.RANK_ENV),
-                local_rank=_probe_module._env_int(*_probe_module.LOCAL_RANK_ENV),
-                world_size=_probe_module._env_int(*_probe_module.WORLD_SIZE_ENV),
-                torch_version=None, tf_version=getattr(tf, "__version__", None))
+    probe.event("process", **lifecycle.process_fields(), torch_version=None, tf_version=getattr(tf, "__version__", None))
     return probe
 
 

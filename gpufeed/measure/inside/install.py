@@ -1,0 +1,39 @@
+"""Arming the probe in a process that ``gpufeed diagnose`` (or tune, batch-size, run) started: its
+configuration from the environment (``probe_config.ProbeConfig``), the torch patches, the exit hooks."""
+from __future__ import annotations
+
+import atexit
+
+from gpufeed.measure.inside import lifecycle, overrides
+from gpufeed.measure.inside.patches import active_probe, patch_torch
+from gpufeed.measure.inside.probe import Probe
+from gpufeed.measure.inside.probe_config import ProbeConfig
+
+
+def note_process(probe: Probe) -> None:
+    """The record's ``process`` event: who this process is, and its rank under a launcher."""
+    import torch
+    probe.event("process", **lifecycle.process_fields(),
+                torch_version=getattr(torch, "__version__", None))  # torch may still be importing
+
+
+def install_from_env() -> Probe | None:
+    """Called when torch.utils.data is imported in a process started by ``gpufeed diagnose``
+    (measure), ``gpufeed tune`` (measure, with DataLoader settings overridden) or ``gpufeed run``
+    (settings only)."""
+    if active_probe() is not None:
+        return active_probe()
+    config = ProbeConfig.from_env()
+    loader_overrides = overrides.from_env()
+    if not config.run_dir:
+        if loader_overrides is not None:
+            overrides.patch_dataloader_init(loader_overrides, report=None)
+        return None
+    probe = Probe.from_config(config)
+    note_process(probe)
+    patch_torch(probe)
+    overrides.patch_dataloader_init(loader_overrides, report=probe.event)
+    atexit.register(probe.close)
+    lifecycle.flush_on_sigterm(probe)
+    lifecycle.note_how_it_ends(probe)
+    return probe

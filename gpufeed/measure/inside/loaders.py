@@ -1,0 +1,233 @@
+"""What a DataLoader is and how many samples its batches hold: its configuration, and the
+cheapest sure count of samples per batch (docs/run-record.md, "What a sample is").
+
+Only the standard library here, and the user's torch imported late: this runs in the user's process.
+"""
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+
+def count_samples(batch: Any) -> int | None:
+    """Samples in a batch the dataset built itself (automatic batching off, ``batch_size=None``), by
+    the rule documented in docs/run-record.md ("What a sample is"); ``None`` where no rule is sure.
+
+    - a tensor or array: its leading dimension (a 0-dim tensor is not a batch);
+    - a dict, or an object's attributes: its fields, whose counts must agree;
+    - a list or tuple of tensors: fields when their leading dimensions agree and their shapes differ
+      (``(x[B, ...], y[B])``); one sample each when their leading dimensions differ (variable-size
+      samples); all of one shape, they could be either: not sure;
+    - any other list or tuple: fields, whose counts must agree (a field that is itself a list or
+      tuple counts its items: the tuples of ``tuple(zip(*batch))``); a list of dicts: one sample each.
+    """
+    try:
+        return _count_batch(batch)
+    except Exception:  # an exotic batch: not counted, never an error in the user's loop
+        return None
+
+
+def _count_batch(batch: Any) -> int | None:
+    if isinstance(batch, (list, tuple)):
+        shapes = [getattr(item, "shape", None) for item in batch]
+        if len(batch) > 1 and None not in shapes:
+            first = tuple(shapes[0])
+            leading, same = (first[0] if first else None), True
+            for shape in shapes[1:]:
+                shape = tuple(shape)
+                if (shape[0] if shape else None) != leading:
+                    return len(batch)      # different lengths: one sample each
+                same = same and shape == first
+            return None if same else leading
+        if batch and all(isinstance(item, dict) for item in batch):
+            return len(batch)
+        return _agreeing(batch)
+    if isinstance(batch, dict):
+        return _agreeing(batch.values())
+    count = _leading(batch)
+    if count is not _NO_SHAPE:
+        return count
+    if hasattr(batch, "__dict__") and not isinstance(batch, type):
+        return _agreeing(vars(batch).values())
+    return None
+
+
+_NO_SHAPE = object()
+
+
+def _leading(value: Any) -> Any:
+    """A tensor's or array's leading dimension (None for a 0-dim one); ``_NO_SHAPE`` for anything else."""
+    if isinstance(value, (str, bytes)):
+        return _NO_SHAPE
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return _NO_SHAPE
+    return int(shape[0]) if len(shape) else None
+
+
+def _field_count(field: Any, depth: int = 0) -> int | None:
+    if isinstance(field, (list, tuple)):
+        return len(field)
+    if isinstance(field, dict):
+        return _agreeing(field.values(), depth + 1) if depth < 2 else None
+    count = _leading(field)
+    return None if count is _NO_SHAPE else count
+
+
+def _agreeing(fields: Any, depth: int = 0) -> int | None:
+    """The count the fields agree on; None when they disagree or none has one."""
+    counts = {_field_count(f, depth) for f in fields}
+    counts.discard(None)
+    return counts.pop() if len(counts) == 1 else None
+
+
+# How the probe counts the samples of a loader's batches (the ``samples_from`` of its iterator event).
+FROM_BATCH_SIZE = "batch_size"        # torch's BatchSampler: batch_size each, the epoch's last from the sampler's length
+FROM_BATCH_SAMPLER = "batch_sampler"  # another batch sampler: the length of each list of indices it gives
+FROM_COLLATED = "collated"            # an IterableDataset with batch_size: the items each batch was made of
+FROM_BATCH = "batch"                  # batch_size=None: the dataset built the batch; count_samples' rule
+
+
+def samples_from(loader: Any) -> str:
+    """How the samples of this loader's batches are counted (docs/run-record.md, "What a sample is")."""
+    import torch.utils.data as tud
+    if loader.batch_sampler is None:
+        return FROM_BATCH
+    if isinstance(loader.dataset, tud.IterableDataset):
+        return FROM_COLLATED
+    if type(loader.batch_sampler) is tud.BatchSampler and last_batch(loader) is not None:
+        return FROM_BATCH_SIZE
+    return FROM_BATCH_SAMPLER
+
+
+def last_batch(loader: Any) -> tuple[int, int] | None:
+    """(index, samples) of an epoch's last batch under torch's BatchSampler; None if the sampler has no length."""
+    try:
+        samples, batches, size = len(loader.sampler), len(loader.batch_sampler), int(loader.batch_size)
+    except Exception:  # a sampler without a length, or one whose __len__ raises
+        return None
+    return batches - 1, size if loader.drop_last else samples - size * (batches - 1)
+
+
+def plan_counting(state: Any, iterator: Any, loader: Any) -> None:
+    """Set up the cheapest sure count of samples per batch for this iterator."""
+    state.samples_from = how = samples_from(loader)
+    if how == FROM_BATCH_SIZE:
+        state.samples = int(loader.batch_size)
+        state.last_index, state.last_samples = last_batch(loader)
+        return
+    state.detailed = True
+    if how == FROM_BATCH_SAMPLER:
+        state.sizes = count_indices(iterator)
+    elif how == FROM_COLLATED:
+        state.samples = loader.batch_size
+        fetcher = getattr(iterator, "_dataset_fetcher", None)  # num_workers=0: batches are collated here
+        if fetcher is not None:
+            state.sizes = count_collated(fetcher)
+
+
+def count_indices(iterator: Any) -> deque:
+    """The length of each list of indices the batch sampler gives, in order (idempotent).
+
+    Wraps the iterator's own ``_next_index`` (not the class's): loaders with a fixed batch size pay
+    nothing. A weak reference, so the iterator is still freed (and its workers shut down) at once."""
+    sizes = iterator.__dict__.get("_gpufeed_sizes")
+    if sizes is not None:
+        return sizes
+    sizes = iterator._gpufeed_sizes = deque()
+    ref, next_index = weakref.ref(iterator), type(iterator)._next_index
+
+    def _next_index():
+        index = next_index(ref())
+        try:
+            sizes.append(len(index))
+        except Exception:  # a batch sampler yielding unsized batches: not counted
+            sizes.append(None)
+        return index
+
+    iterator._next_index = _next_index
+    return sizes
+
+
+def count_collated(fetcher: Any) -> deque:
+    """The number of items each batch is collated from, in order (idempotent): an IterableDataset's
+    last batch holds fewer than batch_size."""
+    sizes = fetcher.__dict__.get("_gpufeed_sizes")
+    if sizes is not None:
+        return sizes
+    sizes = fetcher._gpufeed_sizes = deque()
+    collate = fetcher.collate_fn
+
+    def counted(data):
+        sizes.append(len(data))
+        return collate(data)
+
+    fetcher.collate_fn = counted
+    return sizes
+
+
+def describe_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+def describe_batch(batch: Any) -> str:
+    kind = type(batch).__name__
+    if isinstance(batch, (list, tuple)) and batch:
+        shapes = {tuple(getattr(item, "shape", ())) for item in batch}
+        inner = f"tensors of shape {shapes.pop()}" if len(shapes) == 1 and hasattr(batch[0], "shape") else (
+            f"{type(batch[0]).__name__} items")
+        return f"a {kind} of {len(batch)} {inner}"
+    return f"a batch of type {kind}"
+
+
+def samples_of(state: Any, index: int, batch: Any) -> int | None:
+    """Samples in this batch of the iterator (``state``: its ``IteratorState``); None where not sure."""
+    sizes, how = state.sizes, state.samples_from
+    if sizes:
+        samples = sizes.popleft()
+    elif how == FROM_BATCH_SIZE:
+        return state.samples if index != state.last_index else state.last_samples
+    elif how == FROM_COLLATED and state.samples:  # from workers: each one's last batch may hold fewer
+        counted = count_samples(batch)
+        return counted if counted is not None and counted < state.samples else state.samples
+    else:
+        samples = count_samples(batch) if how == FROM_BATCH else None
+    if samples is None and not state.unknown_reported:
+        state.probe.samples_unknown(state, batch)
+    return samples
+
+
+def loader_config(loader: Any) -> dict[str, Any]:
+    dataset = loader.dataset
+    built = getattr(loader, "_gpufeed_built", None) or {}
+    try:
+        dataset_len = len(dataset)
+    except Exception:  # no __len__, or one that raises (IterableDatasets often do)
+        dataset_len = None
+    import multiprocessing
+    import torch.utils.data as tud
+    context = loader.multiprocessing_context
+    start_method = (context.get_start_method() if context is not None
+                    else multiprocessing.get_start_method(allow_none=True))
+    return {
+        "num_workers": loader.num_workers,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
+        "persistent_workers": bool(loader.persistent_workers),
+        "batch_size": loader.batch_size,
+        "drop_last": bool(loader.drop_last),
+        "dataset_type": type(dataset).__name__,
+        "dataset_len": dataset_len,
+        "iterable": isinstance(dataset, tud.IterableDataset),
+        "sampler": type(loader.sampler).__name__,
+        "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__name__,
+        "multiprocessing_context": start_method,
+        "site": getattr(loader, "_gpufeed_site", None),
+        # Where the user's own code builds it, and the framework between (see roles.user_code).
+        "user_stack": built.get("user_stack") or [],
+        "user_function": built.get("user_function"),
+        "framework": built.get("framework"),
+        "origin_site": built.get("origin_site"),
+    }
+

@@ -1,0 +1,280 @@
+"""The torch patches that feed the probe: every DataLoader, every iterator, every worker.
+
+``torch.utils.data`` is patched at class level, so every loader, every worker and every kind of
+batch is covered:
+
+- ``DataLoader._get_iterator``: an iterator is born (worker start-up begins); its configuration.
+- ``_BaseDataLoaderIter._reset``: a persistent-worker iterator starts another epoch.
+- ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch (and, with
+  ``num_workers=0``, where the batch is made inside ``next()``, now and then its CPU time).
+- ``_utils.worker._worker_loop``: inside each worker only, ``_MapDatasetFetcher.fetch`` and
+  ``_IterableDatasetFetcher.fetch`` are patched to time every batch the worker makes and its CPU
+  time, so the analysis can tell a busy worker from a sleeping one and count what workers produce.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+import weakref
+from typing import Any, Callable
+
+from gpufeed.measure.inside import cuda, overrides, roles
+from gpufeed.measure.inside.iterators import IteratorState, mark_done
+from gpufeed.measure.inside.loaders import (FROM_BATCH_SAMPLER, count_collated, count_indices, count_samples,
+                                            describe_error, loader_config, plan_counting, samples_from, samples_of)
+from gpufeed.measure.inside.patching import patch, unpatch
+from gpufeed.measure.inside.probe import Probe
+
+# Reading process CPU time is a system call (~0.6 us): workers take it for every batch; the training
+# process (num_workers=0, where it is on the step's critical path) for one batch in this many.
+MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
+
+_clock = time.perf_counter
+# One id per DataLoader object, kept on the object: never reused after garbage collection (a loader
+# built anew each epoch gets a new id every time), nor by a later probe in the same process.
+_loader_ids = itertools.count()
+_probe: Probe | None = None  # the probe the patches feed; read only in this module (active_probe())
+
+
+def active_probe() -> Probe | None:
+    return _probe
+
+
+def patch_torch(probe: Probe) -> None:
+    """Install the hooks into ``torch.utils.data`` (idempotent)."""
+    global _probe
+    _probe = probe
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import worker
+    base = dataloader._BaseDataLoaderIter
+    base._gpufeed_state = None  # the hot path reads the attribute without a default
+
+    def make_get_iterator(original):
+        # DataLoader._get_iterator returns the iterator with its workers started: the moment to
+        # read their pids. Start-up time runs from here to the first batch.
+        def _get_iterator(self, *args, **kwargs):
+            t_created = _clock()
+            iterator = original(self, *args, **kwargs)
+            probe = _probe
+            if probe is not None:
+                try:
+                    register_iterator(probe, iterator, self, t_created)
+                except Exception as error:  # never break the user's loop
+                    probe.warn(f"a DataLoader is not measured: {describe_error(error)}")
+            # The one place a new DataLoader iterator is seen: a feature that acts on the training
+            # loader's iterator hooks in here (its state: iterator._gpufeed_state, if measured).
+            return iterator
+        return _get_iterator
+
+    def make_reset(original):
+        def _reset(self, loader, first_iter=False, *args, **kwargs):
+            try:
+                _before_reset(self, loader, first_iter)
+            except Exception as error:
+                if _probe is not None:
+                    _probe.warn(f"a DataLoader's batches are not counted: {describe_error(error)}")
+            original(self, loader, first_iter, *args, **kwargs)
+            state = self._gpufeed_state
+            if not first_iter and state is not None:
+                state.probe.event("epoch", iter_id=state.iter_id, t=_clock())
+        return _reset
+
+    patch(dataloader.DataLoader, "_get_iterator", make_get_iterator)
+    patch(base, "_reset", make_reset)
+    patch(base, "__next__", make_next)
+    # Batches are timed where they are made: patched inside each worker only, so the training
+    # process's own hot path carries nothing for them.
+    patch(worker, "_worker_loop", lambda original: worker_loop)
+
+
+def unpatch_torch() -> None:
+    global _probe
+    _probe = None
+    from torch.utils.data import dataloader
+    from torch.utils.data._utils import fetch, worker
+    for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "_reset"),
+                      (dataloader._BaseDataLoaderIter, "__next__"), (worker, "_worker_loop"),
+                      (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
+        unpatch(cls, name)
+    if "_gpufeed_state" in dataloader._BaseDataLoaderIter.__dict__:
+        del dataloader._BaseDataLoaderIter._gpufeed_state
+    cuda.unpatch_h2d()
+    overrides.unpatch_dataloader_init()
+
+
+# -- a new iterator ---------------------------------------------------------------------------------------
+def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float) -> None:
+    """Measure a new DataLoader iterator: its state on the iterator, its ``iterator`` event."""
+    probe.ensure_this_process()
+    loader_id = getattr(loader, "_gpufeed_loader_id", None)
+    if loader_id is None:
+        loader_id = next(_loader_ids)
+        try:
+            loader._gpufeed_loader_id = loader_id
+        except Exception:
+            pass  # a loader that refuses attributes gets a new id per iterator: never a reused one
+    try:
+        built = getattr(loader, "_gpufeed_built", None) or {}
+        # Frame 2: whoever called iter(loader) (above this function and _get_iterator).
+        role, why = roles.iterator_role(sys._getframe(2), built.get("built_as"))
+        worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
+        state = probe.new_iterator(worker_pids)
+        # A training loader's iterator: its steps count towards --steps and a trial's length
+        # (validation, evaluation and sanity-check loaders do not; see roles.py).
+        state.training = role == roles.TRAIN
+        plan_counting(state, iterator, loader)
+        in_use = probe.cuda_in_use()  # looked at for every new iterator (and every CUDA_CHECK_EVERY steps)
+        state.detailed = state.detailed or in_use
+        config = loader_config(loader)
+    except Exception as error:  # an exotic loader is left unmeasured, never broken
+        probe.warn(f"DataLoader {loader_id} is not measured: {describe_error(error)}")
+        return
+    iterator._gpufeed_state = state
+    weakref.finalize(iterator, mark_done, state)
+    probe.add_iterator(state)
+    probe.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
+                t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why, config=config,
+                samples_from=state.samples_from)
+
+
+def _before_reset(iterator: Any, loader: Any, first_iter: bool) -> None:
+    """Workers are sent their first lists of indices inside the iterator's first reset, before
+    ``_get_iterator`` returns it: count their lengths from there. A later reset starts an epoch
+    afresh: batches of the last one that were never taken are dropped by torch."""
+    if first_iter:
+        if _probe is not None and samples_from(loader) == FROM_BATCH_SAMPLER:
+            count_indices(iterator)
+        return
+    sizes = iterator.__dict__.get("_gpufeed_sizes")
+    if sizes is not None:
+        sizes.clear()
+
+
+# -- the hot path: each batch -------------------------------------------------------------------------------
+def make_next(original: Callable) -> Callable:
+    """The hot path: wraps ``_BaseDataLoaderIter.__next__``, runs once per batch.
+
+    Kept to a few attribute reads, two clock reads and one append; everything rarer (CUDA events,
+    CPU time, samples counted per batch, the limits) is behind one flag or one integer compare.
+    ``_next_in_detail`` repeats its few lines on purpose: a shared helper costs a call per batch.
+    An internal error after the batch is made stops measuring this loader; the batch is returned.
+    """
+    clock = _clock
+
+    def __next__(self):
+        state = self._gpufeed_state
+        if state is None:
+            return original(self)
+        index = state.next_index
+        if state.detailed or index == state.cpu_at:
+            return _next_in_detail(self, state, index, original)
+        state.waiting_since = t_request = clock()
+        try:
+            batch = original(self)
+        finally:
+            state.waiting_since = 0.0
+        t_deliver = clock()
+        try:
+            state.next_index = index + 1
+            state.rows.append((index, t_request, t_deliver,
+                               state.samples if index != state.last_index else state.last_samples, None))
+            if state.training:
+                probe = state.probe
+                probe.total_steps += 1
+                if probe.total_steps >= probe.check_limits_at:
+                    probe.check_limits(t_deliver)
+        except Exception as error:
+            state.probe.give_up(self, state, error)
+        return batch
+    return __next__
+
+
+def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: Callable) -> Any:
+    """The hot path's slower branch: CUDA events, the CPU time of a batch made inside next(), and
+    samples counted per batch."""
+    probe = state.probe
+    timing = probe.cuda
+    try:
+        start_event = timing.event() if timing.seen else None
+        cpu0 = time.process_time() if index == state.cpu_at else None
+    except Exception as error:
+        probe.give_up(iterator, state, error)
+        return original(iterator)
+    state.waiting_since = t_request = _clock()
+    try:
+        batch = original(iterator)
+    finally:
+        state.waiting_since = 0.0
+    t_deliver = _clock()
+    try:
+        cpu_s = None
+        if cpu0 is not None:
+            cpu_s = time.process_time() - cpu0
+            state.cpu_at = index + MAIN_PROCESS_CPU_SAMPLE_EVERY
+        state.next_index = index + 1
+        samples = samples_of(state, index, batch)
+        state.rows.append((index, t_request, t_deliver, samples, cpu_s))
+        if start_event is not None:
+            end_event = timing.event()
+            if end_event is not None:
+                timing.step(state, index, start_event, end_event, t_deliver)
+        if state.training:
+            probe.total_steps += 1
+            if probe.total_steps >= probe.check_limits_at:
+                probe.check_limits(t_deliver)
+    except Exception as error:
+        probe.give_up(iterator, state, error)
+    return batch
+
+
+# -- inside each worker ---------------------------------------------------------------------------------------
+def worker_loop(*args: Any, **kwargs: Any) -> Any:
+    """Stands in for ``torch.utils.data._utils.worker._worker_loop``, the function each worker runs.
+
+    Module-level on purpose: with the spawn start method the worker's target is pickled by name.
+    """
+    from torch.utils.data._utils import fetch, worker
+    original = getattr(worker._worker_loop, "_gpufeed_original", None) or worker._worker_loop
+    if original is worker_loop:  # defensive: never recurse into ourselves
+        raise RuntimeError("gpufeed: torch's worker loop was lost")
+    if _probe is not None:
+        _probe.start_in_worker()
+        patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+        patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
+    return original(*args, **kwargs)
+
+
+def _make_fetch(original: Callable) -> Callable:
+    process_time = time.process_time
+
+    def fetch(self, possibly_batched_index):
+        probe = _probe
+        if probe is None:
+            return original(self, possibly_batched_index)
+        try:
+            if probe.fetch_meta is None:
+                probe.first_fetch_in_process()
+            counter = count_collated(self) if self.auto_collation else None
+        except Exception as error:  # measure nothing more in this worker; make its batches as before
+            _unpatch_fetch()
+            probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")
+            return original(self, possibly_batched_index)
+        # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
+        cpu0, t0 = process_time(), _clock()
+        batch = original(self, possibly_batched_index)
+        t1, cpu1 = _clock(), process_time()
+        try:
+            samples = counter.popleft() if counter else None if self.auto_collation else count_samples(batch)
+            probe.fetch_rows.append((t0, t1, cpu1 - cpu0, samples))
+        except Exception as error:
+            _unpatch_fetch()
+            probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")
+        return batch
+    return fetch
+
+
+def _unpatch_fetch() -> None:
+    from torch.utils.data._utils import fetch
+    unpatch(fetch._MapDatasetFetcher, "fetch")
+    unpatch(fetch._IterableDatasetFetcher, "fetch")
