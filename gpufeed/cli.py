@@ -144,6 +144,12 @@ def _add_tensorboard_option(p: argparse.ArgumentParser) -> None:
                    help="also write data-wait share, samples/s and GPU util as TensorBoard scalars to LOG_DIR")
 
 
+def _add_autotune_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--autotune", action="store_true",
+                   help="tune the training DataLoader's settings while the command trains, every sample "
+                        "delivered exactly once (docs/autotune.md)")
+
+
 def _port(text: str) -> int:
     value = _whole(text, "a TCP port (1-65535)")
     if not 0 < value < 65536:
@@ -162,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                        usage="gpufeed diagnose [options] -- CMD [ARGS...]", epilog=exit_codes,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_options(p)
+    _add_autotune_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
@@ -210,9 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
-    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
-                       usage="gpufeed run --config FILE -- CMD [ARGS...]")
-    p.add_argument("--config", type=_path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
+    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json), "
+                                   "or tuned while it trains (--autotune)",
+                       usage="gpufeed run (--config FILE | --autotune) -- CMD [ARGS...]")
+    p.add_argument("--config", type=_path, metavar="FILE", help="settings file written by gpufeed tune")
+    _add_autotune_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")
@@ -372,7 +381,7 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
         return EXIT_USAGE
     options = RunOptions(command=command, out=out, steps=args.steps, warmup_steps=args.warmup,
                          stall_timeout_s=args.stall_timeout, interval_s=args.interval, grace_s=args.grace,
-                         first_batch_timeout_s=args.first_batch_timeout)
+                         first_batch_timeout_s=args.first_batch_timeout, extra_env=_autotune_env(args))
     # Ctrl-C and SIGTERM, however often, stop the run but never cut its record or diagnosis short.
     with StopSignals():
         return _run_and_diagnose(options, args, console)
@@ -538,23 +547,40 @@ def _run(command: list[str], args: argparse.Namespace) -> int:
     if not command:
         _error("give the training command after --, e.g. gpufeed run --config best-config.json -- python train.py")
         return EXIT_USAGE
-    try:
-        config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
-    except OSError as error:
-        _error(f"cannot read {args.config}: {error.strerror}.")
+    if args.config is None and not args.autotune:
+        _error("give --config FILE (gpufeed tune's best-config.json) or --autotune")
         return EXIT_USAGE
-    except ValueError as error:
-        _error(f"{error}.")
-        return EXIT_USAGE
-    env = bootstrap_env({**os.environ, overrides.ENV_OVERRIDES: config.to_json()})
-    _error_free_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
-                     "applied, or at the end when no DataLoader matched)")
+    env = dict(os.environ, **_autotune_env(args))
+    if args.config is not None:
+        try:
+            config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
+        except OSError as error:
+            _error(f"cannot read {args.config}: {error.strerror}.")
+            return EXIT_USAGE
+        except ValueError as error:
+            _error(f"{error}.")
+            return EXIT_USAGE
+        env[overrides.ENV_OVERRIDES] = config.to_json()
+        _error_free_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
+                         "applied, or at the end when no DataLoader matched)")
+    if args.autotune:
+        _error_free_note("tuning the training DataLoader while it trains (each switch and the winner are "
+                         "said on stderr)")
+    env = bootstrap_env(env)
     try:
         os.execvpe(command[0], command, env)
     except OSError as error:
         _error(f"could not start {command[0]!r}: {error.strerror}.")
         return EXIT_NOT_STARTED
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
+
+
+def _autotune_env(args: argparse.Namespace) -> dict[str, str]:
+    """--autotune for the command; options already in the environment (docs/autotune.md) are kept."""
+    from gpufeed.autotune.hook import ENV_AUTOTUNE
+    if not getattr(args, "autotune", False):
+        return {}
+    return {ENV_AUTOTUNE: os.environ.get(ENV_AUTOTUNE, "").strip() or "1"}
 
 
 def _error_free_note(message: str) -> None:

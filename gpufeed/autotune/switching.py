@@ -48,8 +48,8 @@ EPOCH_START, MID_EPOCH, AFTER_CRASH = "epoch start", "mid-epoch", "after a worke
 class Listener(Protocol):
     """What drives the switches: told about every batch and every switch, it may ask for new settings."""
 
-    def on_batch(self, t_request: float, t_deliver: float, samples: int,
-                 source: LoaderSettings) -> LoaderSettings | None: ...
+    def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
+                 batch: Any) -> LoaderSettings | None: ...
 
     def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None: ...
 
@@ -299,7 +299,7 @@ class _Epoch:
         samples = self._count(feed, batch)
         owner.samples_delivered += samples
         if owner.listener is not None:
-            wanted = owner.listener.on_batch(t_request, t_deliver, samples, source)
+            wanted = owner.listener.on_batch(t_request, t_deliver, samples, source, batch)
             if wanted is not None:
                 owner.request(wanted)
         return batch

@@ -31,6 +31,7 @@ from collections import deque
 from types import MethodType
 from typing import Any, Callable
 
+from gpufeed.autotune import hook as autotune_hook
 from gpufeed.measure.inside import overrides, roles
 from gpufeed.record import schema
 from gpufeed.record.writer import JsonlWriter, write_json_atomic
@@ -1074,6 +1075,7 @@ def install_from_env() -> Probe | None:
     if _probe is not None:
         return _probe
     loader_overrides = overrides.from_env()
+    autotune_hook.install_from_env()  # --autotune: the training loader tunes itself (gpufeed/autotune)
     if not run_dir:
         if loader_overrides is not None:
             overrides.patch_dataloader_init(loader_overrides, report=None)
