@@ -53,9 +53,11 @@ class _Window:
     batches: int = 0
     samples: int = 0
     wait_s: float = 0.0
+    startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
     worker_cpu0: dict[int, float] = field(default_factory=dict)
+    main_cpu0: float | None = None
 
-    def add(self, t_request: float, t_deliver: float, samples: int) -> None:
+    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool) -> None:
         self.seen += 1
         if self.seen <= self.skip:
             self.t0 = t_deliver
@@ -63,6 +65,8 @@ class _Window:
         self.batches += 1
         self.samples += samples
         self.wait_s += t_deliver - t_request
+        if first_of_epoch:
+            self.startup_s += t_deliver - t_request
         self.t_last = t_deliver
 
     def done(self, period_s: float, min_batches: int) -> bool:
@@ -80,12 +84,35 @@ class Period:
     worker_busy: float | None     # the workers' CPU time over their wall time (1.0: always on a core)
     elapsed_s: float
     batches: int
+    startup_share: float = 0.0    # of the wall time, waiting for a new epoch's pool to start
+    cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "label": self.settings.label(),
                 "samples_per_s": round(self.samples_per_s, 3), "wait_share": round(self.wait_share, 4),
                 "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
-                "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches}
+                "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
+                "startup_share": round(self.startup_share, 4),
+                "cores_used": None if self.cores_used is None else round(self.cores_used, 3)}
+
+    def facts(self, cpu_count: int) -> "_LiveFacts":
+        """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``)."""
+        metrics = _LiveFacts(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
+                             # CPU over wall time per worker: a lower bound of CPU over fetch time
+                             worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
+                             cpu_count=cpu_count, cuda_used=_cuda_used())
+        return _LiveFacts(metrics=metrics, what_if=None, finding=lambda name: None)
+
+
+class _LiveFacts:
+    """A trial's facts from one live period, read by ``Search`` where it reads a diagnosis: what a
+    period cannot measure (GPU idle time, thread counts, the what-if model) reads as None (N/A)."""
+
+    def __init__(self, **known: Any) -> None:
+        self.__dict__.update(known)
+
+    def __getattr__(self, name: str) -> Any:
+        return None
 
 
 class Controller:
@@ -109,6 +136,7 @@ class Controller:
         self._answers: queue.Queue = queue.Queue()     # Period | str (why it failed)
         self._window: _Window | None = None
         self._crashed_workers: int | None = None       # no setting with this many workers again
+        self._epoch_started = False                    # the next batch is an epoch's first
         self._search = None
         self.user_rate: float | None = None            # the user's settings' measured samples/s
         self.settled: LoaderSettings | None = None
@@ -118,6 +146,7 @@ class Controller:
 
     # -- the loader's listener (main thread) -------------------------------------------------------
     def on_epoch(self, epoch: int) -> None:
+        self._epoch_started = True
         if not self._started:
             self._started = True
             self.event(START, user=self.loader.user.to_dict(), iterable=self.loader.iterable,
@@ -128,6 +157,7 @@ class Controller:
                  batch: Any = None) -> LoaderSettings | None:
         if self._batch_bytes is None and batch is not None:
             self._batch_bytes = batch_bytes(batch) or 0
+        first_of_epoch, self._epoch_started = self._epoch_started, False
         window = self._window
         if window is None:
             try:
@@ -143,7 +173,8 @@ class Controller:
             return None  # the old pool's last batches, delivered while the new one starts
         if window.seen == window.skip - 1 or (window.seen == 0 and window.skip == 1):
             window.worker_cpu0 = _cpu_times(self.loader.worker_pids())
-        window.add(t_request, t_deliver, samples)
+            window.main_cpu0 = time.process_time()
+        window.add(t_request, t_deliver, samples, first_of_epoch)
         if window.done(self.period_s, self.min_batches):
             self._window = None
             self._answers.put(self._period(window))
@@ -213,7 +244,8 @@ class Controller:
             self._measure(back, f"back to {back.label()} for a period: {settings.label()} measured "
                                 f"{period.samples_per_s / self.user_rate - 1:+.0%} against your settings",
                           action=RECOVER)
-        return TrialRun(status=OK, samples_per_s=period.samples_per_s, elapsed_s=period.elapsed_s)
+        return TrialRun(status=OK, samples_per_s=period.samples_per_s, elapsed_s=period.elapsed_s,
+                        diagnosis=period.facts(self.cpu_count))
 
     def _refusal(self, settings: LoaderSettings) -> str | None:
         current = self.loader.settings
@@ -238,11 +270,16 @@ class Controller:
     def _period(self, window: _Window) -> Period:
         elapsed = max(window.t_last - window.t0, 1e-9)
         cpu1 = _cpu_times(list(window.worker_cpu0))
-        busy = None
+        busy = cores = None
+        main = time.process_time() - window.main_cpu0 if window.main_cpu0 is not None else None
         if window.worker_cpu0 and set(cpu1) == set(window.worker_cpu0):  # the same workers throughout
-            busy = sum(cpu1[p] - window.worker_cpu0[p] for p in cpu1) / (elapsed * len(cpu1))
+            workers_cpu = sum(cpu1[p] - window.worker_cpu0[p] for p in cpu1)
+            busy = workers_cpu / (elapsed * len(cpu1))
+            cores = None if main is None else (main + workers_cpu) / elapsed
+        elif not window.settings.num_workers and main is not None:
+            cores = main / elapsed
         return Period(window.settings, window.samples / elapsed, window.wait_s / elapsed, busy, elapsed,
-                      window.batches)
+                      window.batches, window.startup_s / elapsed, cores)
 
     # -- the record ----------------------------------------------------------------------------------
     def event(self, action: str, **fields: Any) -> None:
@@ -253,6 +290,12 @@ class Controller:
                 self._log("autotune", **line)
             except Exception:
                 pass
+
+
+def _cuda_used() -> bool:
+    import sys
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def _cpu_times(pids: list[int]) -> dict[int, float]:
