@@ -354,11 +354,6 @@ class _Epoch:
         if self.owner._live is self:
             self.owner._live = None
 
-    # torch's DataLoader.__iter__ calls _reset on the iterator it keeps for persistent workers:
-    # the probe's take-over (gpufeed.autotune.hook) returns an _Epoch there, so support it.
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        self.__init__(self.owner)
-
 
 def _samples_per_item(loader: Any) -> int | None:
     """1 where each pulled index is one sample (``batch_size=None``); None where a pulled item is a
