@@ -36,7 +36,7 @@ SCRIPT = ROOT / "tests" / "workloads" / "autotune_target.py"
 PY = sys.executable
 WORKLOADS = {
     "storage": ("storage-latency-bound: 4 ms/sample asleep, 1 worker", ["--sleep-ms", "4", "--workers", "1"]),
-    "cpu": ("CPU-bound: FFTs per sample, num_workers=0", ["--sleep-ms", "0", "--fft-rounds", "40", "--workers", "0"]),
+    "cpu": ("CPU-bound: 2 ms of FFTs per sample, num_workers=0", ["--sleep-ms", "0", "--fft-rounds", "320", "--workers", "0"]),
     "compute": ("compute-bound: data ready at once, 2 workers", ["--sleep-ms", "0", "--workers", "2"]),
 }
 WAYS = ("yours", "autotune", "tune winner")
