@@ -32,16 +32,17 @@ class SimulatedLoader:
         return []
 
 
-def batch_time(settings: LoaderSettings) -> tuple[float, float]:
+def batch_time(settings: LoaderSettings, contention_s: float = 0.003) -> tuple[float, float]:
     """(step, of which the wait for data): a 10 ms step; batches take 40 ms of a worker, plus 3 ms
     per worker of contention: 3 and 4 workers are the fastest (22 ms, tied), fewer starve, more contend."""
     w = settings.num_workers or 0
-    step = max(0.010, 0.040 / max(w, 1) + 0.003 * w)
+    step = max(0.010, 0.040 / max(w, 1) + contention_s * w)
     return step, step - 0.010
 
 
 def simulate(user: LoaderSettings, memory: HostMemory | None = None, batches: int = 200_000,
-             crash_at_workers: int | None = None) -> tuple[Controller, SimulatedLoader]:
+             crash_at_workers: int | None = None, cost=lambda settings, controller: batch_time(settings),
+             until=lambda controller: controller.settled is not None) -> tuple[Controller, SimulatedLoader]:
     loader = SimulatedLoader(user)
     controller = Controller(loader, period_s=0.5, min_batches=10, cpu_count=2, memory=memory or HostMemory(lambda: (None, None)))
     controller.on_epoch(1)
@@ -52,13 +53,13 @@ def simulate(user: LoaderSettings, memory: HostMemory | None = None, batches: in
             back = controller.on_crash(settings, RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed."))
             loader.settings = normalized(back, loader.user)
             continue
-        step, wait = batch_time(settings)
+        step, wait = cost(settings, controller)
         t += step
         wanted = controller.on_batch(t - wait, t, 8, settings)
         if wanted is not None:
             old, loader.settings = loader.settings, normalized(wanted, loader.user)
             controller.on_switch(old, loader.settings, "mid-epoch", t)
-        if controller.settled is not None and controller._window is None and controller._asks.empty():
+        if until(controller) and controller._window is None and controller._asks.empty():
             break
         time.sleep(0)  # let the search thread decide
     return controller, loader
@@ -84,6 +85,19 @@ def test_never_two_periods_in_a_row_below_the_users_throughput():
     assert any(below)  # the search did try worse settings (8 and 16 workers)...
     assert not any(a and b for a, b in zip(below, below[1:]))  # ...and came back after each at once
     assert controller.settled.num_workers in (3, 4)
+
+
+def test_it_searches_again_when_the_best_setting_moves():
+    """Once settled on 3-4 workers, other jobs arrive: each worker now costs 12 ms of contention, and
+    2 workers are the fastest. Two periods clearly below the winner's rate start a new search."""
+    def cost(settings, controller):
+        return batch_time(settings, 0.012 if controller.settled is not None else 0.003)
+    controller, loader = simulate(LoaderSettings(num_workers=1), cost=cost,
+                                  until=lambda c: sum(e["action"] == "settled" for e in c.events) >= 2)
+    settled = [e for e in controller.events if e["action"] == "settled"]
+    assert [e["action"] for e in controller.events].count("drift") == 1
+    assert settled[0]["settings"]["num_workers"] in (3, 4) and settled[1]["settings"]["num_workers"] == 2
+    assert loader.settings.num_workers == 2
 
 
 def test_no_raise_without_memory_headroom():

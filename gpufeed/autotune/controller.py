@@ -17,7 +17,10 @@ tuner needs on top, and nothing the search already decides:
   the best settings so far, before the search tries anything else: the run is never below the
   user's throughput for more than one period in a row;
 - a worker crash backs off to the user's settings (its batches are delivered by them: the
-  switching core) and no setting with as many workers is tried again.
+  switching core) and no setting with as many workers is tried again;
+- once settled, it keeps measuring the winner (quietly) and searches again from it when two
+  periods in a row fall below what it measured by more than twice the noise while the loop waits
+  for data: caches warm up, other jobs arrive, and the best setting moves during a run.
 
 Every decision is an ``autotune`` event of the run record (``docs/run-record.md``).
 """
@@ -36,8 +39,8 @@ from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normaliz
 from gpufeed.tune.result import FAILED, OK, TrialRun
 
 # The event's ``action``s (docs/run-record.md).
-START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, ERROR = (
-    "start", "measured", "switch", "hold", "refused", "recover", "crash", "settled", "error")
+START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, DRIFT, ERROR = (
+    "start", "measured", "switch", "hold", "refused", "recover", "crash", "settled", "drift", "error")
 
 
 @dataclass
@@ -200,32 +203,65 @@ class Controller:
             self.event(ERROR, error=f"{type(error).__name__}: {error}")
 
     def _tune(self) -> None:
-        from gpufeed.tune.search import BaselineFailed, Search
+        """Your settings first; search while the loop waits for data; settle on the winner and watch
+        it; search again from it when it falls clearly below what it measured (the best setting moved)."""
         user = self.loader.user
         first = self._measure(user, "your settings")
         if isinstance(first, str):
             return
         self.user_rate = first.samples_per_s
-        if first.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
-            self.event(HOLD, why=f"the loop waited for data {first.wait_share:.1%} of the period "
-                                 f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=first.to_dict())
-            while first.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
-                first = self._measure(user, "watching: the loop did not wait for data")
-                if isinstance(first, str):
-                    return
-        search = self._search = Search(self._trial, user, self.cpu_count, max_workers=self.max_workers)
+        settings = user
+        while first is not None and self._until_the_loop_waits(first, settings):
+            settled = self._search_from(settings)
+            if settled is None:
+                return
+            settings, rate, noise = settled
+            first = self._watch(settings, rate, noise)
+
+    def _until_the_loop_waits(self, period: "Period", settings: LoaderSettings) -> bool:
+        """Measure quietly until a period waits for data (False: the loop could not be measured)."""
+        if period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
+            return True
+        self.event(HOLD, why=f"the loop waited for data {period.wait_share:.1%} of the period "
+                             f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=period.to_dict())
+        while not isinstance(period, str) and period.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
+            period = self._measure(settings, "watching: the loop did not wait for data", log=False)
+        return not isinstance(period, str)
+
+    def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, float, float] | None:
+        """tune's search from ``start``, one live period per trial; switched to its winner."""
+        from gpufeed.tune.search import BaselineFailed, Search
+        search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers)
         try:
             result = search.run()
         except BaselineFailed as error:
-            self.event(ERROR, error=f"your settings could not be measured: {error}")
-            return
-        best = normalized(result.best.settings, user)
+            self.event(ERROR, error=f"{start.label()} could not be measured: {error}")
+            return None
+        best = normalized(result.best.settings, self.loader.user)
         self.settled = best
         self.event(SETTLED, settings=best.to_dict(), label=best.label(), samples_per_s=result.best.samples_per_s,
                    user_samples_per_s=result.baseline.samples_per_s, speedup=result.speedup, noise=result.noise,
                    trials=len(result.trials), periods=sum(len(t.runs) for t in result.trials),
                    stopped=result.stopped)
         self._measure(best, "the search's winner")  # switched to at once, and measured once more
+        return best, result.best.samples_per_s, result.noise
+
+    def _watch(self, settings: LoaderSettings, rate: float, noise: float) -> "Period | None":
+        """Measure the winner quietly; the period that ends the watch (two in a row clearly below
+        ``rate`` while the loop waits for data), or None when the loop can no longer be measured."""
+        low = 0
+        while True:
+            period = self._measure(settings, "watching the winner", log=False)
+            if isinstance(period, str):
+                return None
+            clearly_low = (period.samples_per_s < rate * (1 - 2 * noise)
+                           and period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
+            low = low + 1 if clearly_low else 0
+            if low >= 2:
+                self.event(DRIFT, why=f"{settings.label()} fell to {period.samples_per_s:,.0f} samples/s from "
+                                      f"{rate:,.0f} (noise {noise:.0%}) with the loop waiting for data: searching "
+                                      "again from it", period=period.to_dict())
+                return period
 
     def _trial(self, settings: LoaderSettings, why: str) -> TrialRun:
         """One trial of the search: a live period with ``settings`` (or a refusal)."""
@@ -259,11 +295,12 @@ class Controller:
                                max(slots - now * (current.prefetch_factor or 0), 0), self._batch_bytes)
         return self.memory.refusal(extra)
 
-    def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED) -> "Period | str":
+    def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED,
+                 log: bool = True) -> "Period | str":
         """Ask the training loop for a period with ``settings``; wait for it (this thread only)."""
         self._asks.put((settings, why))
         answer = self._answers.get()
-        if isinstance(answer, Period):
+        if log and isinstance(answer, Period):
             self.event(action, why=why, period=answer.to_dict())
         return answer
 
