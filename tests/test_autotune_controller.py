@@ -31,6 +31,11 @@ class SimulatedLoader:
     def worker_pids(self) -> list[int]:
         return []
 
+    def effective(self, settings: LoaderSettings) -> LoaderSettings:
+        settings = normalized(settings, self.user)
+        return normalized(LoaderSettings(**{**settings.to_dict(), "num_workers": self.user.num_workers}), self.user) \
+            if self.iterable else settings
+
 
 def batch_time(settings: LoaderSettings, contention_s: float = 0.003) -> tuple[float, float]:
     """(step, of which the wait for data): a 10 ms step; batches take 40 ms of a worker, plus 3 ms
@@ -98,6 +103,26 @@ def test_it_searches_again_when_the_best_setting_moves():
     assert [e["action"] for e in controller.events].count("drift") == 1
     assert settled[0]["settings"]["num_workers"] in (3, 4) and settled[1]["settings"]["num_workers"] == 2
     assert loader.settings.num_workers == 2
+
+
+def test_an_iterable_dataset_is_tuned_without_changing_its_workers():
+    loader = SimulatedLoader(LoaderSettings(num_workers=2))
+    loader.iterable = True
+    controller = Controller(loader, period_s=0.5, min_batches=10, cpu_count=2, memory=HostMemory(lambda: (None, None)))
+    controller.on_epoch(1)
+    t = 0.0
+    for _ in range(200_000):
+        step, wait = batch_time(loader.settings)
+        t += step
+        wanted = controller.on_batch(t - wait, t, 8, loader.settings)
+        if wanted is not None:
+            loader.settings = loader.effective(wanted)
+        if controller.settled is not None:
+            break
+        time.sleep(0)
+    assert controller.settled is not None and controller.settled.num_workers == 2
+    assert {e["period"]["settings"]["num_workers"] for e in periods(controller)} == {2}
+    assert any("IterableDataset keeps its num_workers" in e["why"] for e in controller.events if e["action"] == REFUSED)
 
 
 def test_no_raise_without_memory_headroom():

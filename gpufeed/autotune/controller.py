@@ -265,8 +265,10 @@ class Controller:
 
     def _trial(self, settings: LoaderSettings, why: str) -> TrialRun:
         """One trial of the search: a live period with ``settings`` (or a refusal)."""
-        settings = normalized(settings, self.loader.user)
+        wanted, settings = settings, self.loader.effective(settings)
         refusal = self._refusal(settings)
+        if normalized(wanted, self.loader.user) != settings:
+            refusal = f"an IterableDataset keeps its num_workers ({settings.num_workers}): they decide its items"
         if refusal is not None:
             self.event(REFUSED, settings=settings.to_dict(), label=settings.label(), why=refusal)
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=refusal)

@@ -168,10 +168,16 @@ class SwitchingLoader:
     def request(self, settings: LoaderSettings) -> None:
         """Switch to ``settings`` as soon as possible: mid-epoch for a map-style dataset, else at the
         next epoch. Settings left ``None`` keep the user's values."""
-        settings = normalized(settings, self.user)
-        if self.iterable:  # the worker count decides an IterableDataset's items: never changed
-            settings = normalized(replace(settings, num_workers=self.user.num_workers), self.user)
+        settings = self.effective(settings)
         self.pending = None if settings == self.settings else settings
+
+    def effective(self, settings: LoaderSettings) -> LoaderSettings:
+        """What a request for ``settings`` switches to: the user's values where None; an
+        IterableDataset keeps its ``num_workers`` (the worker count decides its items)."""
+        settings = normalized(settings, self.user)
+        if self.iterable:
+            settings = normalized(replace(settings, num_workers=self.user.num_workers), self.user)
+        return settings
 
     def worker_pids(self) -> list[int]:
         """The worker processes of the pool with the current settings (empty without workers)."""
