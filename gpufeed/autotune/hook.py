@@ -19,7 +19,7 @@ from typing import Any
 ENV_AUTOTUNE = "GPUFEED_AUTOTUNE"  # "1", or a JSON object of Controller options ({"period_s": 2})
 OPTIONS = ("period_s", "min_batches", "max_workers")
 
-_state: dict[str, Any] = {"options": None, "taken": None}
+_state: dict[str, Any] = {"options": None, "taken": False}
 
 
 def options_from_env() -> dict[str, Any] | None:
@@ -66,7 +66,7 @@ def _switching_for(loader: Any, frame: Any) -> Any:
     switching = loader.__dict__.get("_gpufeed_switching")
     if switching is not None:
         return switching
-    if _state["taken"] is not None:
+    if _state["taken"]:
         return None  # one training loader per process is tuned: the first one
     from gpufeed.measure.inside import roles
     built = getattr(loader, "_gpufeed_built", None) or {}
@@ -74,7 +74,7 @@ def _switching_for(loader: Any, frame: Any) -> Any:
     if role != roles.TRAIN:
         return None
     from gpufeed.autotune import autotune
-    _state["taken"] = loader
+    _state["taken"] = True  # not the loader itself: a reference would keep it (and its dataset) alive
     _share_loader_id(loader)
     switching = autotune(loader, log=_log, **_state["options"])
     if switching is loader:  # declined (said why)
