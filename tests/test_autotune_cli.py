@@ -79,3 +79,13 @@ def test_python_api_exactly_once_and_torchrun_declines(tmp_path):
     assert declined.returncode == 0
     assert declined.stderr.count("gpufeed: autotune is off: this job has 2 ranks") == 1
     assert json.loads(record.read_text())["settings"] is None  # the user's own loader, untouched
+
+
+def test_steps_limit_ends_an_autotuned_run_cleanly(tmp_path, monkeypatch):
+    """--steps stops the command in the middle of a switching epoch: exit 0, no worker left behind."""
+    monkeypatch.setenv(ENV_AUTOTUNE, FAST)
+    result = gpufeed(["diagnose", "--autotune", "--steps", "40", "--warmup", "5", "--out", str(tmp_path / "run"),
+                      "--", sys.executable, SCRIPT, "--epochs", "50"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert_nothing_left_running(SCRIPT)
+    assert _events(tmp_path / "run")[0]["action"] == "start"

@@ -288,7 +288,7 @@ class Controller:
     def _refusal(self, settings: LoaderSettings) -> str | None:
         current = self.loader.settings
         workers, now = settings.num_workers or 0, current.num_workers or 0
-        if self._crashed_workers is not None and workers >= self._crashed_workers > 0:
+        if settings != self.loader.user and self._crashed_workers is not None and workers >= self._crashed_workers > 0:
             return f"a pool of {self._crashed_workers} workers crashed in this run"
         slots = workers * (settings.prefetch_factor or 0)
         if workers <= now and slots <= now * (current.prefetch_factor or 0):
