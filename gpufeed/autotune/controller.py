@@ -141,6 +141,7 @@ class Controller:
         self._crashed_workers: int | None = None       # no setting with this many workers again
         self._epoch_started = False                    # the next batch is an epoch's first
         self._search = None
+        self._ready: dict[LoaderSettings, Period] = {}  # a period already measured, for the search's next trial of it
         self.user_rate: float | None = None            # the user's settings' measured samples/s
         self.settled: LoaderSettings | None = None
         self._batch_bytes: int | None = None
@@ -219,14 +220,19 @@ class Controller:
             first = self._watch(settings, rate, noise)
 
     def _until_the_loop_waits(self, period: "Period", settings: LoaderSettings) -> bool:
-        """Measure quietly until a period waits for data (False: the loop could not be measured)."""
+        """Measure quietly until a period waits for data (False: the loop could not be measured). That
+        period is the search's first run of ``settings``: one period less at settings to be improved."""
         if period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
+            self._ready = {settings: period}
             return True
         self.event(HOLD, why=f"the loop waited for data {period.wait_share:.1%} of the period "
                              f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=period.to_dict())
         while not isinstance(period, str) and period.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
             period = self._measure(settings, "watching: the loop did not wait for data", log=False)
-        return not isinstance(period, str)
+        if isinstance(period, str):
+            return False
+        self._ready = {settings: period}
+        return True
 
     def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, float, float] | None:
         """tune's search from ``start``, one live period per trial; switched to its winner."""
@@ -272,7 +278,7 @@ class Controller:
         if refusal is not None:
             self.event(REFUSED, settings=settings.to_dict(), label=settings.label(), why=refusal)
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=refusal)
-        period = self._measure(settings, why)
+        period = self._ready.pop(settings, None) or self._measure(settings, why)
         if isinstance(period, str):
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=period)
         noise = self._search.noise if self._search is not None else th.TUNE_NOISE_FLOOR
