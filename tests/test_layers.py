@@ -27,6 +27,7 @@ LAYERS: list[list[str]] = [
     ["gpufeed.measure.runner", "gpufeed.analysis"],          # runs a command; reads a record
     ["gpufeed.api"],                                         # gpufeed.profile(): measure + analyse in-process
     ["gpufeed.tune", "gpufeed.batchsize"],                   # searches made of trials
+    ["gpufeed.autotune"],                                    # tune's search inside the training run
     ["gpufeed.integrations", "gpufeed.present"],
     ["gpufeed.cli", "gpufeed.demo", "gpufeed"],              # the command line; the package's facade
     ["gpufeed.__main__"],                                    # python -m gpufeed
@@ -45,6 +46,8 @@ KNOWN: dict[tuple[str, str], str] = {
     ("gpufeed.batchsize", "gpufeed.tune"): "one trial engine for tune and batch-size (issue 12, point 3)",
     ("gpufeed.present", "gpufeed.measure.outside.sampler"): "watch uses a host reader (issue 12, point 4)",
     ("gpufeed.measure.runner", "gpufeed"): "the runner finds the package by its own path (issue 12, point 8)",
+    ("gpufeed.measure.inside", "gpufeed.autotune"): "the probe's one call that applies --autotune to the training "
+        "loader (issue 16): a hook the probe configuration names, once measure's configuration module lands (issue 12, point 5)",
 }
 KNOWN_CYCLES: dict[frozenset[str], str] = {
     frozenset({"gpufeed.analysis.rules", "gpufeed.analysis.ranks"}):

@@ -19,7 +19,8 @@ from typing import Any
 ENV_AUTOTUNE = "GPUFEED_AUTOTUNE"  # "1", or a JSON object of Controller options ({"period_s": 2})
 OPTIONS = ("period_s", "min_batches", "max_workers")
 
-_state: dict[str, Any] = {"options": None, "taken": False}
+# The probe module hands itself over (it must not be imported from here: the probe imports this).
+_state: dict[str, Any] = {"options": None, "taken": False, "probe": None}
 
 
 def options_from_env() -> dict[str, Any] | None:
@@ -39,11 +40,13 @@ def options_from_env() -> dict[str, Any] | None:
     return options
 
 
-def install_from_env() -> None:
-    """Wrap ``DataLoader.__iter__`` when ``GPUFEED_AUTOTUNE`` asks for it (idempotent)."""
+def install_from_env(probe_module: Any = None) -> None:
+    """Wrap ``DataLoader.__iter__`` when ``GPUFEED_AUTOTUNE`` asks for it (idempotent).
+    ``probe_module``: ``gpufeed.measure.inside.probe``, whose record the decisions go to."""
     options = options_from_env()
     if options is None:
         return
+    _state["probe"] = probe_module
     from torch.utils.data import dataloader
     original = dataloader.DataLoader.__iter__
     if getattr(original, "_gpufeed_autotune", False):
@@ -76,7 +79,7 @@ def _switching_for(loader: Any, frame: Any) -> Any:
     from gpufeed.autotune import autotune
     _state["taken"] = True  # not the loader itself: a reference would keep it (and its dataset) alive
     _share_loader_id(loader)
-    switching = autotune(loader, log=_log, **_state["options"])
+    switching = autotune(loader, log=_log, **_state["options"])  # the package: one layer above the probe
     if switching is loader:  # declined (said why)
         return None
     loader.__dict__["_gpufeed_switching"] = switching
@@ -85,16 +88,15 @@ def _switching_for(loader: Any, frame: Any) -> Any:
 
 def _share_loader_id(loader: Any) -> None:
     """The children's iterators are filed under one loader in the record: the user's."""
-    from gpufeed.measure.inside import probe
-    ids = getattr(probe, "_loader_ids", None)
+    ids = getattr(_state["probe"], "_loader_ids", None)
     if ids is not None and getattr(loader, "_gpufeed_loader_id", None) is None:
         loader._gpufeed_loader_id = next(ids)
 
 
 def _log(kind: str, **fields: Any) -> None:
     """To the run record under ``diagnose``; one line on stderr under ``run`` (no record)."""
-    from gpufeed.measure.inside.probe import active_probe
-    probe = active_probe()
+    probe_module = _state["probe"]
+    probe = probe_module.active_probe() if probe_module is not None else None
     if probe is not None:
         probe.event(kind, **fields)
         return

@@ -1075,7 +1075,7 @@ def install_from_env() -> Probe | None:
     if _probe is not None:
         return _probe
     loader_overrides = overrides.from_env()
-    autotune_hook.install_from_env()  # --autotune: the training loader tunes itself (gpufeed/autotune)
+    autotune_hook.install_from_env(sys.modules[__name__])  # --autotune: the training loader tunes itself
     if not run_dir:
         if loader_overrides is not None:
             overrides.patch_dataloader_init(loader_overrides, report=None)
