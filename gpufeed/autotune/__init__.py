@@ -49,10 +49,13 @@ def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: f
         return loader
     from gpufeed.autotune.controller import Controller
     from gpufeed.autotune.switching import SwitchingLoader
-    from gpufeed.measure.inside.probe import active_probe
     switching = SwitchingLoader(loader)
-    if log is None and active_probe() is not None:
-        log = active_probe().event
+    # The probe of `gpufeed diagnose` / profile(), when this process has one (never imported here:
+    # the probe imports gpufeed.autotune.hook).
+    probe_module = sys.modules.get("gpufeed.measure.inside.probe")
+    probe = probe_module.active_probe() if probe_module is not None else None
+    if log is None and probe is not None:
+        log = probe.event
     given = {k: v for k, v in (("period_s", period_s), ("min_batches", min_batches),
                                ("max_workers", max_workers)) if v is not None}
     switching.controller = Controller(switching, log=log, **given)

@@ -314,8 +314,7 @@ class _Epoch:
         if feed is not None:
             item = feed.pulled.popleft()
             return len(item) if self.samples_per_batch is None else 1
-        from gpufeed.measure.inside.probe import count_samples
-        counted = count_samples(batch) if self.samples_per_batch is None else None
+        counted = _leading_size(batch) if self.samples_per_batch is None else None
         return counted if counted is not None else (self.owner.loader.batch_size or 1)
 
     def _begin_switch(self) -> None:
@@ -359,6 +358,15 @@ class _Epoch:
             _shut_down(self.current)
         if self.owner._live is self:
             self.owner._live = None
+
+
+def _leading_size(batch: Any) -> int | None:
+    """An IterableDataset's collated batch: the length of its first tensor (its last batch holds
+    fewer than batch_size)."""
+    while isinstance(batch, (list, tuple, dict)) and batch:
+        batch = next(iter(batch.values())) if isinstance(batch, dict) else batch[0]
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else None
 
 
 def _samples_per_item(loader: Any) -> int | None:
