@@ -5,7 +5,7 @@ the Python API is loaded on first use.
 """
 from gpufeed._version import __version__
 
-__all__ = ["__version__", "profile", "analyze", "tune_loader", "tuned_loader"]
+__all__ = ["__version__", "profile", "analyze", "tune_loader", "tuned_loader", "autotune"]
 
 
 def __getattr__(name: str):
@@ -15,4 +15,7 @@ def __getattr__(name: str):
     if name in ("tune_loader", "tuned_loader"):
         from gpufeed.tune import inprocess
         return getattr(inprocess, name)
+    if name == "autotune":  # the package, callable as the function (gpufeed/autotune/__init__.py)
+        import importlib
+        return importlib.import_module("gpufeed.autotune")
     raise AttributeError(f"module 'gpufeed' has no attribute {name!r}")

@@ -247,3 +247,22 @@ FIRST_BATCH_TIMEOUT_S = 600.0
 # or stalled after two steps has measured nothing about its steady state. Ten steps put p50 on
 # the middle of ten values; the rank rules ask for twice as many (IMBALANCE_MIN_VALUES).
 MIN_STEPS_FOR_FINDINGS = 10
+
+# -- autotune (gpufeed/autotune, docs/autotune.md) ----------------------------------------------------------------
+# A decision period lasts at least as long as a tune trial measures (TUNE_TRIAL_SECONDS) and at
+# least this many batches: a trial's throughput on fewer batches is one or two batches' accident.
+AUTOTUNE_PERIOD_MIN_BATCHES = 10
+# The loop starts searching once it waits for data as much as a flagged data wait (the same 5% as
+# DATA_WAIT_SHARE_FLAG): below that, no DataLoader setting can buy more than the noise.
+AUTOTUNE_SEARCH_WAIT_SHARE = DATA_WAIT_SHARE_FLAG
+# Host memory: tf.data AUTOTUNE's RAM budget is half of the available memory (tensorflow
+# core/framework/model.cc, ram_budget), and OOM under AUTOTUNE is its users' main complaint
+# (tensorflow#33516, #36821). More workers or a deeper prefetch is tried only when its estimated
+# extra memory (each new worker's private memory, each new queue slot's batch) fits in this share
+# of what the host has available...
+AUTOTUNE_RAM_BUDGET_SHARE = 0.5
+# ...and never while less than this share of the host's memory is available at all: the kernel's
+# OOM killer ends the largest process (often the training process, or a worker) when it runs out,
+# and each worker's copy-on-read growth can reach the size of the dataset's Python objects
+# (pytorch/pytorch#13246), which no estimate made at a worker's start sees.
+AUTOTUNE_MIN_AVAILABLE_SHARE = 0.10

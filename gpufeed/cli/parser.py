@@ -112,6 +112,12 @@ def _add_tensorboard_option(p: argparse.ArgumentParser) -> None:
                    help="also write data-wait share, samples/s and GPU util as TensorBoard scalars to LOG_DIR")
 
 
+def _add_autotune_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--autotune", action="store_true",
+                   help="tune the training DataLoader's settings while the command trains, every sample "
+                        "delivered exactly once (docs/autotune.md)")
+
+
 def _port(text: str) -> int:
     value = _whole(text, "a TCP port (1-65535)")
     if not 0 < value < 65536:
@@ -130,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                        usage="gpufeed diagnose [options] -- CMD [ARGS...]", epilog=exit_codes,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_options(p)
+    _add_autotune_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
@@ -178,9 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
-    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
-                       usage="gpufeed run --config FILE -- CMD [ARGS...]")
-    p.add_argument("--config", type=_path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
+    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json), "
+                                   "or tuned while it trains (--autotune)",
+                       usage="gpufeed run (--config FILE | --autotune) -- CMD [ARGS...]")
+    p.add_argument("--config", type=_path, metavar="FILE", help="settings file written by gpufeed tune")
+    _add_autotune_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")

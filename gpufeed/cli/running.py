@@ -27,7 +27,7 @@ def diagnose(command: list[str], args: argparse.Namespace, console: Console) -> 
         return EXIT_USAGE
     options = RunOptions(command=command, out=out, steps=args.steps, warmup_steps=args.warmup,
                          stall_timeout_s=args.stall_timeout, interval_s=args.interval, grace_s=args.grace,
-                         first_batch_timeout_s=args.first_batch_timeout)
+                         first_batch_timeout_s=args.first_batch_timeout, extra_env=_autotune_env(args))
     # Ctrl-C and SIGTERM, however often, stop the run but never cut its record or diagnosis short.
     with StopSignals():
         return _run_and_diagnose(options, args, console)
@@ -170,23 +170,41 @@ def run(command: list[str], args: argparse.Namespace) -> int:
     if not command:
         say_error("give the training command after --, e.g. gpufeed run --config best-config.json -- python train.py")
         return EXIT_USAGE
-    try:
-        config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
-    except OSError as error:
-        say_error(f"cannot read {args.config}: {error.strerror}.")
+    if args.config is None and not args.autotune:
+        say_error("give --config FILE (gpufeed tune's best-config.json) or --autotune")
         return EXIT_USAGE
-    except ValueError as error:
-        say_error(f"{error}.")
-        return EXIT_USAGE
-    env = bootstrap_env({**os.environ, overrides.ENV_OVERRIDES: config.to_json()})
-    say_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
-                     "applied, or at the end when no DataLoader matched)")
+    env = dict(os.environ, **_autotune_env(args))
+    if args.config is not None:
+        try:
+            config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
+        except OSError as error:
+            say_error(f"cannot read {args.config}: {error.strerror}.")
+            return EXIT_USAGE
+        except ValueError as error:
+            say_error(f"{error}.")
+            return EXIT_USAGE
+        env[overrides.ENV_OVERRIDES] = config.to_json()
+        say_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
+                 "applied, or at the end when no DataLoader matched)")
+    if args.autotune:
+        say_note("tuning the training DataLoader while it trains (each switch and the winner are said on stderr)")
+    env = bootstrap_env(env)
     try:
         os.execvpe(command[0], command, env)
     except OSError as error:
         say_error(f"could not start {command[0]!r}: {error.strerror}.")
         return EXIT_NOT_STARTED
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
+
+
+def _autotune_env(args: argparse.Namespace) -> dict[str, str]:
+    """--autotune for the command; options already in the environment (docs/autotune.md) are kept."""
+    import os
+
+    from gpufeed.autotune.hook import ENV_AUTOTUNE
+    if not getattr(args, "autotune", False):
+        return {}
+    return {ENV_AUTOTUNE: os.environ.get(ENV_AUTOTUNE, "").strip() or "1"}
 
 
 def _start_exporter(run_dir: Path, port: int, addr: str, console: Console):

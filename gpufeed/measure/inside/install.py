@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import atexit
 
-from gpufeed.measure.inside import lifecycle, overrides
+from gpufeed.autotune import hook as autotune_hook
+from gpufeed.measure.inside import lifecycle, overrides, patches
 from gpufeed.measure.inside.patches import active_probe, patch_torch
 from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.inside.probe_config import ProbeConfig
@@ -25,6 +26,7 @@ def install_from_env() -> Probe | None:
         return active_probe()
     config = ProbeConfig.from_env()
     loader_overrides = overrides.from_env()
+    autotune_hook.install_from_env(patches)  # --autotune: the training loader tunes itself (issue 16)
     if not config.run_dir:
         if loader_overrides is not None:
             overrides.patch_dataloader_init(loader_overrides, report=None)

@@ -41,6 +41,11 @@ def active_probe() -> Probe | None:
     return _probe
 
 
+def new_loader_id() -> int:
+    """A loader id never given before (autotune files its child loaders under the user's)."""
+    return next(_loader_ids)
+
+
 def patch_torch(probe: Probe) -> None:
     """Install the hooks into ``torch.utils.data`` (idempotent)."""
     global _probe

@@ -1,0 +1,72 @@
+"""Online tuning of the training DataLoader: its settings change while the real training runs,
+every sample delivered exactly once, in the order of a plain run (docs/autotune.md).
+
+    import gpufeed
+    loader = gpufeed.autotune(DataLoader(dataset, batch_size=64, shuffle=True, num_workers=2))
+    for epoch in range(epochs):
+        for batch in loader:
+            ...
+
+- ``switching.py``: the exactly-once core, a loader whose settings can change mid-epoch;
+- ``controller.py``: the decisions, from live measurements, by ``gpufeed tune``'s search;
+- ``memory.py``: the host memory headroom guard;
+- ``hook.py``: ``gpufeed run --autotune`` / ``diagnose --autotune`` (the probe's one call).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable
+
+__all__ = ["autotune", "distributed_refusal"]
+
+
+def distributed_refusal() -> str | None:
+    """Why autotune cannot run in this process, or None: under torchrun (or any launcher with
+    several ranks) every rank would have to switch at the same step with the same settings."""
+    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 1:
+            return (f"autotune is off: this job has {value} ranks ({name}), and gpufeed cannot yet make every "
+                    "rank switch at the same step through the job's store, so the loader keeps your settings.")
+    return None
+
+
+def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: float | None = None,
+             min_batches: int | None = None, max_workers: int | None = None) -> Any:
+    """An iterable that behaves like ``loader`` (``len()``, its attributes, every epoch's batches in
+    a plain run's order) and tunes its settings while the training runs. Under several ranks, says
+    why not on stderr and returns ``loader`` itself.
+
+    ``log(kind, **fields)`` receives every decision (``kind`` is ``"autotune"``); by default they go
+    to the run record when gpufeed measures this process, and are kept in ``.controller.events``.
+    """
+    refusal = distributed_refusal()
+    if refusal is not None:
+        sys.stderr.write(f"gpufeed: {refusal}\n")
+        if log is not None:
+            log("autotune", action="declined", why=refusal)
+        return loader
+    from gpufeed.autotune.controller import Controller
+    from gpufeed.autotune.switching import SwitchingLoader
+    switching = SwitchingLoader(loader)
+    # The probe of `gpufeed diagnose` / profile(), when this process has one (never imported here:
+    # the probe imports gpufeed.autotune.hook).
+    probe_module = sys.modules.get("gpufeed.measure.inside.patches")
+    probe = probe_module.active_probe() if probe_module is not None else None
+    if log is None and probe is not None:
+        log = probe.event
+    given = {k: v for k, v in (("period_s", period_s), ("min_batches", min_batches),
+                               ("max_workers", max_workers)) if v is not None}
+    switching.controller = Controller(switching, log=log, **given)
+    return switching
+
+
+class _CallableModule(type(sys)):
+    """``gpufeed.autotune`` is this package once imported: calling it is calling ``autotune()``."""
+
+    def __call__(self, loader: Any, **options: Any) -> Any:
+        return autotune(loader, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule

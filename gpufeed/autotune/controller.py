@@ -1,0 +1,357 @@
+"""Which settings the training loader runs with next, decided from what the live run measures.
+
+The decisions are ``gpufeed tune``'s: the same ``Search`` (``tune/search.py``: the worker ladder,
+the refinement, deeper prefetch, the noise measured from repeats, ties to the cheapest) runs in a
+thread of its own, and each of its trials is one *decision period* of the real training run with
+those settings instead of a separate short run of the command. The controller adds what an online
+tuner needs on top, and nothing the search already decides:
+
+- it searches only while the loop waits for data (``AUTOTUNE_SEARCH_WAIT_SHARE`` of a period's wall
+  time, the share ``diagnose`` flags): otherwise no loader setting can buy anything, and it watches;
+- a period opens once the new pool has delivered what it prefetched while the old one drained
+  (a window that opens with batches waiting overstates the throughput) and lasts
+  ``TUNE_TRIAL_SECONDS`` and at least ``AUTOTUNE_PERIOD_MIN_BATCHES`` batches;
+- more workers or a deeper prefetch is refused when host memory lacks the headroom
+  (``memory.py``: tf.data's RAM budget);
+- a period measured below the user's own settings by more than the noise is followed by a period at
+  the best settings so far, before the search tries anything else: the run is never below the
+  user's throughput for more than one period in a row;
+- a worker crash backs off to the user's settings (its batches are delivered by them: the
+  switching core) and no setting with as many workers is tried again;
+- once settled, it keeps measuring the winner (quietly) and searches again from it when two
+  periods in a row fall below what it measured by more than twice the noise while the loop waits
+  for data: caches warm up, other jobs arrive, and the best setting moves during a run.
+
+Every decision is an ``autotune`` event of the run record (``docs/run-record.md``).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gpufeed import thresholds as th
+from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
+from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
+from gpufeed.tune.result import FAILED, OK, TrialRun
+
+# The event's ``action``s (docs/run-record.md).
+START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, DRIFT, ERROR = (
+    "start", "measured", "switch", "hold", "refused", "recover", "crash", "settled", "drift", "error")
+
+
+@dataclass
+class _Window:
+    """One decision period being measured: the batches delivered by a pool with ``settings``."""
+
+    settings: LoaderSettings
+    why: str
+    skip: int                       # batches the pool may have made ahead (prefetched) before it counts
+    seen: int = 0
+    t0: float | None = None
+    t_last: float | None = None
+    batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
+    worker_cpu0: dict[int, float] = field(default_factory=dict)
+    main_cpu0: float | None = None
+
+    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool) -> None:
+        self.seen += 1
+        if self.seen <= self.skip:
+            self.t0 = t_deliver
+            return
+        self.batches += 1
+        self.samples += samples
+        self.wait_s += t_deliver - t_request
+        if first_of_epoch:
+            self.startup_s += t_deliver - t_request
+        self.t_last = t_deliver
+
+    def done(self, period_s: float, min_batches: int) -> bool:
+        return (self.t_last is not None and self.batches >= min_batches
+                and self.t_last - self.t0 >= period_s)
+
+
+@dataclass
+class Period:
+    """What one decision period measured."""
+
+    settings: LoaderSettings
+    samples_per_s: float
+    wait_share: float
+    worker_busy: float | None     # the workers' CPU time over their wall time (1.0: always on a core)
+    elapsed_s: float
+    batches: int
+    startup_share: float = 0.0    # of the wall time, waiting for a new epoch's pool to start
+    cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": self.settings.to_dict(), "label": self.settings.label(),
+                "samples_per_s": round(self.samples_per_s, 3), "wait_share": round(self.wait_share, 4),
+                "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
+                "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
+                "startup_share": round(self.startup_share, 4),
+                "cores_used": None if self.cores_used is None else round(self.cores_used, 3)}
+
+    def facts(self, cpu_count: int) -> "_LiveFacts":
+        """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``)."""
+        metrics = _LiveFacts(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
+                             # CPU over wall time per worker: a lower bound of CPU over fetch time
+                             worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
+                             cpu_count=cpu_count, cuda_used=_cuda_used())
+        return _LiveFacts(metrics=metrics, what_if=None, finding=lambda name: None)
+
+
+class _LiveFacts:
+    """A trial's facts from one live period, read by ``Search`` where it reads a diagnosis: what a
+    period cannot measure (GPU idle time, thread counts, the what-if model) reads as None (N/A)."""
+
+    def __init__(self, **known: Any) -> None:
+        self.__dict__.update(known)
+
+    def __getattr__(self, name: str) -> Any:
+        return None
+
+
+class Controller:
+    """The ``SwitchingLoader``'s listener: runs the search in a thread, one live period per trial."""
+
+    def __init__(self, loader: SwitchingLoader, log: Callable[..., None] | None = None, *,
+                 period_s: float = th.TUNE_TRIAL_SECONDS, min_batches: int = th.AUTOTUNE_PERIOD_MIN_BATCHES,
+                 cpu_count: int | None = None, max_workers: int | None = None,
+                 memory: HostMemory | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.loader = loader
+        loader.listener = self
+        self.period_s = period_s
+        self.min_batches = min_batches
+        self.cpu_count = cpu_count or os.cpu_count() or 1
+        self.max_workers = max_workers
+        self.memory = memory or HostMemory()
+        self.clock = clock
+        self.events: list[dict[str, Any]] = []
+        self._log = log
+        self._asks: queue.Queue = queue.Queue()        # (settings, why) from the search thread
+        self._answers: queue.Queue = queue.Queue()     # Period | str (why it failed)
+        self._window: _Window | None = None
+        self._crashed_workers: int | None = None       # no setting with this many workers again
+        self._epoch_started = False                    # the next batch is an epoch's first
+        self._search = None
+        self._ready: dict[LoaderSettings, Period] = {}  # a period already measured, for the search's next trial of it
+        self.user_rate: float | None = None            # the user's settings' measured samples/s
+        self.settled: LoaderSettings | None = None
+        self._batch_bytes: int | None = None
+        self._thread = threading.Thread(target=self._drive, name="gpufeed-autotune", daemon=True)
+        self._started = False
+
+    # -- the loader's listener (main thread) -------------------------------------------------------
+    def on_epoch(self, epoch: int) -> None:
+        self._epoch_started = True
+        if not self._started:
+            self._started = True
+            self.event(START, user=self.loader.user.to_dict(), iterable=self.loader.iterable,
+                       period_s=self.period_s)
+            self._thread.start()
+
+    def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
+                 batch: Any = None) -> LoaderSettings | None:
+        if self._batch_bytes is None and batch is not None:
+            self._batch_bytes = batch_bytes(batch) or 0
+        first_of_epoch, self._epoch_started = self._epoch_started, False
+        window = self._window
+        if window is None:
+            try:
+                settings, why = self._asks.get_nowait()
+            except queue.Empty:
+                return None
+            switching = settings != self.loader.settings
+            pool = settings.num_workers * (settings.prefetch_factor or 0) if settings.num_workers else 0
+            window = self._window = _Window(settings, why, skip=max(1, pool) if switching else 1)
+            if switching:
+                return settings  # measured from the new pool's batches on
+        if source != window.settings:
+            return None  # the old pool's last batches, delivered while the new one starts
+        if window.seen == window.skip - 1 or (window.seen == 0 and window.skip == 1):
+            window.worker_cpu0 = _cpu_times(self.loader.worker_pids())
+            window.main_cpu0 = time.process_time()
+        window.add(t_request, t_deliver, samples, first_of_epoch)
+        if window.done(self.period_s, self.min_batches):
+            self._window = None
+            self._answers.put(self._period(window))
+        return None
+
+    def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None:
+        self.event(SWITCH, old=old.to_dict(), new=new.to_dict(), label=new.label(), where=where)
+
+    def on_crash(self, settings: LoaderSettings, error: BaseException) -> LoaderSettings:
+        workers = settings.num_workers or 0
+        self._crashed_workers = min(self._crashed_workers or workers, workers)
+        self.event(CRASH, settings=settings.to_dict(), error=str(error)[:300], back_to=self.loader.user.to_dict())
+        if self._window is not None and self._window.settings == settings:
+            self._window = None
+            self._answers.put(f"a worker died: {str(error)[:200]}")
+        return self.loader.user
+
+    # -- the search (its own thread) ---------------------------------------------------------------
+    def _drive(self) -> None:
+        try:
+            self._tune()
+        except Exception as error:  # never the user's loop's problem: stay where we are
+            self.event(ERROR, error=f"{type(error).__name__}: {error}")
+
+    def _tune(self) -> None:
+        """Your settings first; search while the loop waits for data; settle on the winner and watch
+        it; search again from it when it falls clearly below what it measured (the best setting moved)."""
+        user = self.loader.user
+        first = self._measure(user, "your settings")
+        if isinstance(first, str):
+            return
+        self.user_rate = first.samples_per_s
+        settings = user
+        while first is not None and self._until_the_loop_waits(first, settings):
+            settled = self._search_from(settings)
+            if settled is None:
+                return
+            settings, rate, noise = settled
+            first = self._watch(settings, rate, noise)
+
+    def _until_the_loop_waits(self, period: "Period", settings: LoaderSettings) -> bool:
+        """Measure quietly until a period waits for data (False: the loop could not be measured). That
+        period is the search's first run of ``settings``: one period less at settings to be improved."""
+        if period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
+            self._ready = {settings: period}
+            return True
+        self.event(HOLD, why=f"the loop waited for data {period.wait_share:.1%} of the period "
+                             f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=period.to_dict())
+        while not isinstance(period, str) and period.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
+            period = self._measure(settings, "watching: the loop did not wait for data", log=False)
+        if isinstance(period, str):
+            return False
+        self._ready = {settings: period}
+        return True
+
+    def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, float, float] | None:
+        """tune's search from ``start``, one live period per trial; switched to its winner."""
+        from gpufeed.tune.search import BaselineFailed, Search
+        search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers)
+        try:
+            result = search.run()
+        except BaselineFailed as error:
+            self.event(ERROR, error=f"{start.label()} could not be measured: {error}")
+            return None
+        best = normalized(result.best.settings, self.loader.user)
+        self.settled = best
+        self.event(SETTLED, settings=best.to_dict(), label=best.label(), samples_per_s=result.best.samples_per_s,
+                   user_samples_per_s=result.baseline.samples_per_s, speedup=result.speedup, noise=result.noise,
+                   trials=len(result.trials), periods=sum(len(t.runs) for t in result.trials),
+                   stopped=result.stopped)
+        self._measure(best, "the search's winner")  # switched to at once, and measured once more
+        return best, result.best.samples_per_s, result.noise
+
+    def _watch(self, settings: LoaderSettings, rate: float, noise: float) -> "Period | None":
+        """Measure the winner quietly; the period that ends the watch (two in a row clearly below
+        ``rate`` while the loop waits for data), or None when the loop can no longer be measured."""
+        low = 0
+        while True:
+            period = self._measure(settings, "watching the winner", log=False)
+            if isinstance(period, str):
+                return None
+            clearly_low = (period.samples_per_s < rate * (1 - 2 * noise)
+                           and period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
+            low = low + 1 if clearly_low else 0
+            if low >= 2:
+                self.event(DRIFT, why=f"{settings.label()} fell to {period.samples_per_s:,.0f} samples/s from "
+                                      f"{rate:,.0f} (noise {noise:.0%}) with the loop waiting for data: searching "
+                                      "again from it", period=period.to_dict())
+                return period
+
+    def _trial(self, settings: LoaderSettings, why: str) -> TrialRun:
+        """One trial of the search: a live period with ``settings`` (or a refusal)."""
+        wanted, settings = settings, self.loader.effective(settings)
+        refusal = self._refusal(settings)
+        if normalized(wanted, self.loader.user) != settings:
+            refusal = f"an IterableDataset keeps its num_workers ({settings.num_workers}): they decide its items"
+        if refusal is not None:
+            self.event(REFUSED, settings=settings.to_dict(), label=settings.label(), why=refusal)
+            return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=refusal)
+        period = self._ready.pop(settings, None) or self._measure(settings, why)
+        if isinstance(period, str):
+            return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=period)
+        noise = self._search.noise if self._search is not None else th.TUNE_NOISE_FLOOR
+        if self.user_rate and period.samples_per_s < self.user_rate * (1 - noise):
+            best = self._search.best if self._search is not None else None
+            back = normalized(best.settings, self.loader.user) if best is not None and best.ok else self.loader.user
+            self._measure(back, f"back to {back.label()} for a period: {settings.label()} measured "
+                                f"{period.samples_per_s / self.user_rate - 1:+.0%} against your settings",
+                          action=RECOVER)
+        return TrialRun(status=OK, samples_per_s=period.samples_per_s, elapsed_s=period.elapsed_s,
+                        diagnosis=period.facts(self.cpu_count))
+
+    def _refusal(self, settings: LoaderSettings) -> str | None:
+        current = self.loader.settings
+        workers, now = settings.num_workers or 0, current.num_workers or 0
+        if settings != self.loader.user and self._crashed_workers is not None and workers >= self._crashed_workers > 0:
+            return f"a pool of {self._crashed_workers} workers crashed in this run"
+        slots = workers * (settings.prefetch_factor or 0)
+        if workers <= now and slots <= now * (current.prefetch_factor or 0):
+            return None  # not raising workers or prefetch: no memory guard needed
+        extra = extra_memory_b(self.loader.worker_pids(), max(workers - now, 0),
+                               max(slots - now * (current.prefetch_factor or 0), 0), self._batch_bytes)
+        return self.memory.refusal(extra)
+
+    def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED,
+                 log: bool = True) -> "Period | str":
+        """Ask the training loop for a period with ``settings``; wait for it (this thread only)."""
+        self._asks.put((settings, why))
+        answer = self._answers.get()
+        if log and isinstance(answer, Period):
+            self.event(action, why=why, period=answer.to_dict())
+        return answer
+
+    def _period(self, window: _Window) -> Period:
+        elapsed = max(window.t_last - window.t0, 1e-9)
+        cpu1 = _cpu_times(list(window.worker_cpu0))
+        busy = cores = None
+        main = time.process_time() - window.main_cpu0 if window.main_cpu0 is not None else None
+        if window.worker_cpu0 and set(cpu1) == set(window.worker_cpu0):  # the same workers throughout
+            workers_cpu = sum(cpu1[p] - window.worker_cpu0[p] for p in cpu1)
+            busy = workers_cpu / (elapsed * len(cpu1))
+            cores = None if main is None else (main + workers_cpu) / elapsed
+        elif not window.settings.num_workers and main is not None:
+            cores = main / elapsed
+        return Period(window.settings, window.samples / elapsed, window.wait_s / elapsed, busy, elapsed,
+                      window.batches, window.startup_s / elapsed, cores)
+
+    # -- the record ----------------------------------------------------------------------------------
+    def event(self, action: str, **fields: Any) -> None:
+        line = {"action": action, "t": self.clock(), **fields}
+        self.events.append(line)
+        if self._log is not None:
+            try:
+                self._log("autotune", **line)
+            except Exception:
+                pass
+
+
+def _cuda_used() -> bool:
+    import sys
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def _cpu_times(pids: list[int]) -> dict[int, float]:
+    """Each live process's CPU seconds (user + system), from /proc: no import in the user's process."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            continue
+    return out

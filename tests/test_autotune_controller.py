@@ -1,0 +1,183 @@
+"""The controller's decisions, on a simulated training loop whose batch time depends on the settings
+in force (no processes, no timing: the loop's clock is the model's), so each rule can be checked
+exactly: the search's choice, never two periods in a row below the user's throughput, the memory
+guard, the back-off after a crash, and the data-wait gate."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpufeed import thresholds as th
+from gpufeed.autotune import distributed_refusal
+from gpufeed.autotune.controller import MEASURED, RECOVER, REFUSED, Controller
+from gpufeed.autotune.hook import describe
+from gpufeed.autotune.memory import HostMemory, batch_bytes
+from gpufeed.autotune.switching import normalized
+from gpufeed.measure.inside.overrides import LoaderSettings
+
+GiB = 2 ** 30
+
+
+class SimulatedLoader:
+    """What the controller sees of a SwitchingLoader: the settings, and the switches it asks for."""
+
+    def __init__(self, user: LoaderSettings) -> None:
+        self.user = normalized(user, LoaderSettings(prefetch_factor=2, persistent_workers=False, pin_memory=False))
+        self.settings = self.user
+        self.iterable = False
+        self.listener = None
+
+    def worker_pids(self) -> list[int]:
+        return []
+
+    def effective(self, settings: LoaderSettings) -> LoaderSettings:
+        settings = normalized(settings, self.user)
+        return normalized(LoaderSettings(**{**settings.to_dict(), "num_workers": self.user.num_workers}), self.user) \
+            if self.iterable else settings
+
+
+def batch_time(settings: LoaderSettings, contention_s: float = 0.003) -> tuple[float, float]:
+    """(step, of which the wait for data): a 10 ms step; batches take 40 ms of a worker, plus 3 ms
+    per worker of contention: 3 and 4 workers are the fastest (22 ms, tied), fewer starve, more contend."""
+    w = settings.num_workers or 0
+    step = max(0.010, 0.040 / max(w, 1) + contention_s * w)
+    return step, step - 0.010
+
+
+def simulate(user: LoaderSettings, memory: HostMemory | None = None, batches: int = 200_000,
+             crash_at_workers: int | None = None, cost=lambda settings, controller: batch_time(settings),
+             until=lambda controller: controller.settled is not None) -> tuple[Controller, SimulatedLoader]:
+    loader = SimulatedLoader(user)
+    controller = Controller(loader, period_s=0.5, min_batches=10, cpu_count=2, memory=memory or HostMemory(lambda: (None, None)))
+    controller.on_epoch(1)
+    t = 0.0
+    for _ in range(batches):
+        settings = loader.settings
+        if crash_at_workers is not None and (settings.num_workers or 0) >= crash_at_workers:
+            back = controller.on_crash(settings, RuntimeError("DataLoader worker (pid 1) is killed by signal: Killed."))
+            loader.settings = normalized(back, loader.user)
+            continue
+        step, wait = cost(settings, controller)
+        t += step
+        wanted = controller.on_batch(t - wait, t, 8, settings)
+        if wanted is not None:
+            old, loader.settings = loader.settings, normalized(wanted, loader.user)
+            controller.on_switch(old, loader.settings, "mid-epoch", t)
+        if until(controller) and controller._window is None and controller._asks.empty():
+            break
+        time.sleep(0)  # let the search thread decide
+    return controller, loader
+
+
+def periods(controller: Controller) -> list[dict]:
+    return [e for e in controller.events if e["action"] in (MEASURED, RECOVER)]
+
+
+def test_the_search_finds_the_fastest_setting_from_the_live_periods():
+    controller, loader = simulate(LoaderSettings(num_workers=1))
+    assert controller.settled is not None and controller.settled.num_workers in (3, 4)  # tied: the cheaper wins
+    assert loader.settings == controller.settled
+    settled = next(e for e in controller.events if e["action"] == "settled")
+    assert settled["speedup"] > 1.5  # 40 ms a batch with one worker, 22 ms with four
+
+
+def test_never_two_periods_in_a_row_below_the_users_throughput():
+    controller, _ = simulate(LoaderSettings(num_workers=4))  # the user's settings are already the best
+    rates = [e["period"]["samples_per_s"] for e in periods(controller)]
+    floor = controller.user_rate * (1 - th.TUNE_NOISE_FLOOR)
+    below = [r < floor for r in rates]
+    assert any(below)  # the search did try worse settings (8 and 16 workers)...
+    assert not any(a and b for a, b in zip(below, below[1:]))  # ...and came back after each at once
+    assert controller.settled.num_workers in (3, 4)
+
+
+def test_it_searches_again_when_the_best_setting_moves():
+    """Once settled on 3-4 workers, other jobs arrive: each worker now costs 12 ms of contention, and
+    2 workers are the fastest. Two periods clearly below the winner's rate start a new search."""
+    def cost(settings, controller):
+        return batch_time(settings, 0.012 if controller.settled is not None else 0.003)
+    controller, loader = simulate(LoaderSettings(num_workers=1), cost=cost,
+                                  until=lambda c: sum(e["action"] == "settled" for e in c.events) >= 2)
+    settled = [e for e in controller.events if e["action"] == "settled"]
+    assert [e["action"] for e in controller.events].count("drift") == 1
+    assert settled[0]["settings"]["num_workers"] in (3, 4) and settled[1]["settings"]["num_workers"] == 2
+    assert loader.settings.num_workers == 2
+
+
+def test_an_iterable_dataset_is_tuned_without_changing_its_workers():
+    loader = SimulatedLoader(LoaderSettings(num_workers=2))
+    loader.iterable = True
+    controller = Controller(loader, period_s=0.5, min_batches=10, cpu_count=2, memory=HostMemory(lambda: (None, None)))
+    controller.on_epoch(1)
+    t = 0.0
+    for _ in range(200_000):
+        step, wait = batch_time(loader.settings)
+        t += step
+        wanted = controller.on_batch(t - wait, t, 8, loader.settings)
+        if wanted is not None:
+            loader.settings = loader.effective(wanted)
+        if controller.settled is not None:
+            break
+        time.sleep(0)
+    assert controller.settled is not None and controller.settled.num_workers == 2
+    assert {e["period"]["settings"]["num_workers"] for e in periods(controller)} == {2}
+    assert any("IterableDataset keeps its num_workers" in e["why"] for e in controller.events if e["action"] == REFUSED)
+
+
+def test_no_raise_without_memory_headroom():
+    low = HostMemory(lambda: (1 * GiB, 24 * GiB))  # 4% available: below AUTOTUNE_MIN_AVAILABLE_SHARE
+    controller, loader = simulate(LoaderSettings(num_workers=1), memory=low)
+    refused = [e for e in controller.events if e["action"] == REFUSED]
+    assert refused and all("headroom" in e["why"] for e in refused)
+    assert all((e["period"]["settings"]["num_workers"] or 0) <= 1 for e in periods(controller))
+    assert controller.settled.num_workers <= 1
+
+
+def test_memory_guard_budget():
+    guard = HostMemory(lambda: (10 * GiB, 20 * GiB))
+    assert guard.refusal(None) is None and guard.refusal(4 * GiB) is None
+    assert "50%" in guard.refusal(6 * GiB)  # more than half of what is available: tf.data's RAM budget
+    assert HostMemory(lambda: (None, None)).refusal(100 * GiB) is None  # nothing to go by
+
+
+def test_a_crash_backs_off_and_no_pool_as_large_is_tried_again():
+    controller, loader = simulate(LoaderSettings(num_workers=1), crash_at_workers=4)
+    crashes = [e for e in controller.events if e["action"] == "crash"]
+    assert len(crashes) == 1
+    assert all((e["period"]["settings"]["num_workers"] or 0) < 4 for e in periods(controller))
+    assert controller.settled.num_workers in (2, 3)
+
+
+def test_no_search_while_the_loop_does_not_wait_for_data(monkeypatch):
+    loader = SimulatedLoader(LoaderSettings(num_workers=2))
+    controller = Controller(loader, period_s=0.2, min_batches=5, memory=HostMemory(lambda: (None, None)))
+    controller.on_epoch(1)
+    t = 0.0
+    for _ in range(20_000):
+        t += 0.05
+        assert controller.on_batch(t - 0.0001, t, 8, loader.settings) is None  # never asks to switch
+        time.sleep(0)
+        if any(e["action"] == "hold" for e in controller.events) and len(periods(controller)) >= 3:
+            break
+    hold = next(e for e in controller.events if e["action"] == "hold")
+    assert "0.2%" in hold["why"]
+
+
+def test_events_in_words_and_batch_bytes():
+    import torch
+    assert describe({"action": "switch", "label": "w4 p2", "where": "mid-epoch"}) == "switched to w4 p2 (mid-epoch)"
+    assert describe({"action": "measured"}) is None
+    assert batch_bytes([torch.zeros(4, 2), {"y": torch.zeros(4, dtype=torch.int64)}]) == 4 * 2 * 4 + 4 * 8
+
+
+@pytest.mark.parametrize("env, refused", [({"WORLD_SIZE": "2"}, True), ({"WORLD_SIZE": "1"}, False), ({}, False)])
+def test_several_ranks_decline_in_one_sentence(monkeypatch, env, refused):
+    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    why = distributed_refusal()
+    assert (why is not None) == refused
+    if refused:
+        assert why.count(". ") == 0 and why.endswith(".") and "2 ranks" in why
