@@ -30,6 +30,8 @@ from rich.console import Console
 
 from gpufeed import thresholds as th
 from gpufeed._version import __version__
+from gpufeed.offload.options import add_options as add_offload_options
+from gpufeed.offload.options import settings_from as offload_settings
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOT_STARTED = 0, 1, 2, 3
 EXIT_COMMAND_FAILED, EXIT_STALLED, EXIT_BAD_RECORD, EXIT_INTERRUPTED = 4, 5, 6, 130
@@ -162,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                        usage="gpufeed diagnose [options] -- CMD [ARGS...]", epilog=exit_codes,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_options(p)
+    add_offload_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
@@ -210,9 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
-    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json)",
-                       usage="gpufeed run --config FILE -- CMD [ARGS...]")
-    p.add_argument("--config", type=_path, required=True, metavar="FILE", help="settings file written by gpufeed tune")
+    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json), "
+                                   "or its training DataLoader offloaded to Ray",
+                       usage="gpufeed run [--config FILE] [--offload ray [--ray-address ADDR]] -- CMD [ARGS...]")
+    p.add_argument("--config", type=_path, metavar="FILE", help="settings file written by gpufeed tune")
+    add_offload_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")
@@ -370,9 +375,14 @@ def _diagnose(command: list[str], args: argparse.Namespace, console: Console) ->
     if problem:
         _error(problem)
         return EXIT_USAGE
+    try:
+        offload = offload_settings(args)
+    except ValueError as error:
+        return _offload_refused(error)
     options = RunOptions(command=command, out=out, steps=args.steps, warmup_steps=args.warmup,
                          stall_timeout_s=args.stall_timeout, interval_s=args.interval, grace_s=args.grace,
-                         first_batch_timeout_s=args.first_batch_timeout)
+                         first_batch_timeout_s=args.first_batch_timeout,
+                         extra_env=offload.to_env() if offload else {})
     # Ctrl-C and SIGTERM, however often, stop the run but never cut its record or diagnosis short.
     with StopSignals():
         return _run_and_diagnose(options, args, console)
@@ -539,22 +549,38 @@ def _run(command: list[str], args: argparse.Namespace) -> int:
         _error("give the training command after --, e.g. gpufeed run --config best-config.json -- python train.py")
         return EXIT_USAGE
     try:
-        config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
-    except OSError as error:
-        _error(f"cannot read {args.config}: {error.strerror}.")
-        return EXIT_USAGE
+        offload = offload_settings(args)
     except ValueError as error:
-        _error(f"{error}.")
+        return _offload_refused(error)
+    if args.config is None and offload is None:
+        _error("give --config FILE (gpufeed tune's best-config.json), --offload ray, or both.")
         return EXIT_USAGE
-    env = bootstrap_env({**os.environ, overrides.ENV_OVERRIDES: config.to_json()})
-    _error_free_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
-                     "applied, or at the end when no DataLoader matched)")
+    env = dict(os.environ, **(offload.to_env() if offload else {}))
+    if args.config is not None:
+        try:
+            config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
+        except OSError as error:
+            _error(f"cannot read {args.config}: {error.strerror}.")
+            return EXIT_USAGE
+        except ValueError as error:
+            _error(f"{error}.")
+            return EXIT_USAGE
+        env[overrides.ENV_OVERRIDES] = config.to_json()
+        _error_free_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
+                         "applied, or at the end when no DataLoader matched)")
+    env = bootstrap_env(env)
     try:
         os.execvpe(command[0], command, env)
     except OSError as error:
         _error(f"could not start {command[0]!r}: {error.strerror}.")
         return EXIT_NOT_STARTED
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
+
+
+def _offload_refused(error: ValueError) -> int:
+    from gpufeed.offload.options import Unavailable
+    _error(f"{error}.")
+    return EXIT_NOT_STARTED if isinstance(error, Unavailable) else EXIT_USAGE
 
 
 def _error_free_note(message: str) -> None:

@@ -32,6 +32,7 @@ from types import MethodType
 from typing import Any, Callable
 
 from gpufeed.measure.inside import overrides, roles
+from gpufeed.offload import hook as offload_hook
 from gpufeed.record import schema
 from gpufeed.record.writer import JsonlWriter, write_json_atomic
 
@@ -1074,6 +1075,7 @@ def install_from_env() -> Probe | None:
     if _probe is not None:
         return _probe
     loader_overrides = overrides.from_env()
+    offload_hook.install_from_env()  # --offload: before the probe's own hooks, so they measure it
     if not run_dir:
         if loader_overrides is not None:
             overrides.patch_dataloader_init(loader_overrides, report=None)
