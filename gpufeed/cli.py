@@ -578,8 +578,10 @@ def _run(command: list[str], args: argparse.Namespace) -> int:
 
 
 def _offload_refused(error: ValueError) -> int:
+    from rich.markup import escape
+
     from gpufeed.offload.options import Unavailable
-    _error(f"{error}.")
+    _error(escape(f"{error}."))  # "gpufeed[ray]" is no markup
     return EXIT_NOT_STARTED if isinstance(error, Unavailable) else EXIT_USAGE
 
 

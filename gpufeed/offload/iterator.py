@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import torch
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils import pin_memory as torch_pin
 
@@ -231,9 +232,17 @@ def _local_iterator(loader: Any, indices: Iterable | None) -> Any:
         loader = copy.copy(loader)  # DataLoader.__setattr__ refuses a new sampler after __init__
         name = "batch_sampler" if loader._auto_collation else "sampler"
         object.__setattr__(loader, name, _Once(indices))
-    if loader.num_workers == 0:
-        return torch_dataloader._SingleProcessDataLoaderIter(loader)
-    return torch_dataloader._MultiProcessingDataLoaderIter(loader)
+    kind = (torch_dataloader._SingleProcessDataLoaderIter if loader.num_workers == 0
+            else torch_dataloader._MultiProcessingDataLoaderIter)
+    # Its workers' seed is drawn from the loader's generator (or torch's): put the state back, so
+    # the next epochs shuffle as they would have without the fall-back.
+    generator = loader.generator
+    saved = generator.get_state() if generator is not None else None
+    with torch.random.fork_rng(devices=[]):
+        iterator = kind(loader)
+    if saved is not None:
+        generator.set_state(saved)
+    return iterator
 
 
 class _Once:

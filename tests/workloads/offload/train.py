@@ -4,11 +4,14 @@ augmented values) to --out, so a test can compare an offloaded run with a plain 
 
 Knobs (environment, so the script itself stays plain): OFFLOAD_TEST_KILL_AT=i makes the worker that
 fetches sample i kill itself once (marker file OFFLOAD_TEST_MARKER), mid-batch;
-OFFLOAD_TEST_UNPICKLABLE=1 gives the dataset an open file; OFFLOAD_TEST_SLOW_MS sleeps per sample.
+OFFLOAD_TEST_KILL_NODE_AT=i makes a Ray worker that fetches sample i kill its node (its raylet), each
+time; OFFLOAD_TEST_UNPICKLABLE=1 gives the dataset a database connection; OFFLOAD_TEST_SLOW_MS sleeps per sample.
 """
 import argparse
 import json
 import os
+import signal
+import sqlite3
 import time
 
 import torch
@@ -19,10 +22,11 @@ class Noisy(Dataset):
     def __init__(self, n: int) -> None:
         self.n = n
         self.kill_at = int(os.environ.get("OFFLOAD_TEST_KILL_AT", "-1"))
+        self.kill_node_at = int(os.environ.get("OFFLOAD_TEST_KILL_NODE_AT", "-1"))
         self.marker = os.environ.get("OFFLOAD_TEST_MARKER", "")
         self.slow_s = float(os.environ.get("OFFLOAD_TEST_SLOW_MS", "0")) / 1000.0
         if os.environ.get("OFFLOAD_TEST_UNPICKLABLE"):
-            self.log = open(__file__)  # a file handle: cannot be sent to another machine
+            self.db = sqlite3.connect(":memory:")  # a connection: cannot be sent to another machine
 
     def __len__(self) -> int:
         return self.n
@@ -32,6 +36,9 @@ class Noisy(Dataset):
             with open(self.marker, "w") as f:
                 f.write(str(os.getpid()))
             os._exit(1)  # the worker dies mid-batch
+        if i == self.kill_node_at and "RAY_RAYLET_PID" in os.environ:  # only on a Ray node
+            os.kill(int(os.environ["RAY_RAYLET_PID"]), signal.SIGKILL)
+            os._exit(1)
         if self.slow_s:
             time.sleep(self.slow_s)
         return torch.tensor(i), torch.rand(3)  # a random augmentation: seeded per worker
