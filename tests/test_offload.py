@@ -111,3 +111,28 @@ def test_pool_sends_batch_k_to_worker_k_mod_n_as_torch_does_and_skips_lost_ones(
     for slot in pool.slots:
         slot.lost = True
     assert pool.pick(0) is None
+
+
+def _metrics(**kw):
+    base = dict(cpu_count=2, loader_cpu_bound_samples_per_s=100.0, compute_per_batch_ms=40.0, steps=100, samples=3200)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_cores_needed_from_the_what_if_model_first():
+    from gpufeed.offload.sizing import FROM_MODEL, cores_needed
+    needed = cores_needed(_metrics(), SimpleNamespace(cannot_predict=None, cores_for_ceiling=9), ["python", "t.py"])
+    assert (needed.cores, needed.host_cores, needed.source) == (9, 2, FROM_MODEL)
+    assert needed.command == "gpufeed run --offload ray --ray-address ADDRESS --ray-workers 9 -- python t.py"
+    assert "needs 9 cores" in needed.sentence() and needed.command in needed.sentence()
+    # The model says these cores already reach the ceiling: nothing to offload.
+    assert cores_needed(_metrics(), SimpleNamespace(cannot_predict=None, cores_for_ceiling=None), []) is None
+
+
+def test_cores_needed_from_cpu_per_sample_and_step_time_without_the_model():
+    from gpufeed.offload.sizing import FROM_RATES, cores_needed
+    # 2 cores make 100 samples/s: 20 ms of CPU a sample; the step takes 32 samples in 40 ms: 800
+    # samples/s, so 16 cores.
+    needed = cores_needed(_metrics(), SimpleNamespace(cannot_predict="too few steps"), ["python", "t.py"])
+    assert (needed.cores, needed.source) == (16, FROM_RATES)
+    assert cores_needed(_metrics(compute_per_batch_ms=1000.0), None, []) is None  # 2 cores keep up
+    assert cores_needed(_metrics(loader_cpu_bound_samples_per_s=None), None, []) is None  # not measured: silent
