@@ -264,3 +264,5 @@ OFFLOAD_MAX_REPLACEMENTS_PER_WORKER = 4
 # checks 3 s apart (its health_check_failure_threshold and health_check_period_ms defaults), so the
 # wait starts only once Ray has said so.
 OFFLOAD_LOST_AFTER_S = 30.0
+# The run record gets the offload totals so far every this many batches (and at the end).
+OFFLOAD_RECORD_EVERY = 64

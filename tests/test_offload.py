@@ -136,3 +136,20 @@ def test_cores_needed_from_cpu_per_sample_and_step_time_without_the_model():
     assert (needed.cores, needed.source) == (16, FROM_RATES)
     assert cores_needed(_metrics(compute_per_batch_ms=1000.0), None, []) is None  # 2 cores keep up
     assert cores_needed(_metrics(loader_cpu_bound_samples_per_s=None), None, []) is None  # not measured: silent
+
+
+def test_the_users_own_modules_travel_by_value_to_nodes_without_them(tmp_path, monkeypatch):
+    ray = needs.library("ray")
+    (tmp_path / "mydata.py").write_text("class Pairs:\n    def __getitem__(self, i):\n        return (i, i * i)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import mydata
+    try:
+        payload.ship_user_code(ray)
+        blob = ray.cloudpickle.dumps(mydata.Pairs())
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(mydata)
+        sys.modules.pop("mydata", None)
+    # Another interpreter, whose path lacks the script's directory, as a node of a cluster does.
+    code = "import sys, ray.cloudpickle as c; print(c.loads(sys.stdin.buffer.read())[3])"
+    done = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd="/", timeout=120)
+    assert done.stdout.decode().strip() == "(3, 9)", done.stderr.decode()[-2000:]

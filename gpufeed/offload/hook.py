@@ -95,7 +95,7 @@ class _Offload:
         self.settings = settings
         self.pool: Any = None
         self.lost = False
-        self.stats = Stats()
+        self.stats = Stats(on_progress=self.record)
         self.said_local: set[str] = set()
 
     def wants(self, loader: Any, frame: Any) -> bool:
@@ -150,13 +150,17 @@ class _Offload:
                 "latency_ms_p50": _ms(s.latency_s), "make_ms_p50": _ms(s.make_s), "make_cpu_ms_p50": _ms(s.make_cpu_s),
                 "workers": None if self.pool is None else self.pool.size}
 
+    def record(self) -> None:
+        """The totals so far as an ``offload`` event in the run record (the last one counts)."""
+        probe = _active_probe()
+        if probe is not None:
+            import time
+            probe.event("offload", t=time.perf_counter(), **self.summary())
+
     def close(self) -> None:
         if self.stats.batches:
+            self.record()
             summary = self.summary()
-            probe = _active_probe()
-            if probe is not None:
-                import time
-                probe.event("offload", t=time.perf_counter(), **summary)
             nodes = " + ".join(str(n) for n in summary["by_node"].values())
             self.note(f"{summary['batches']} batches made on Ray ({len(summary['by_node'])} nodes: {nodes}); "
                       f"{summary['resent']} sent again after {summary['workers_lost']} workers were lost; "

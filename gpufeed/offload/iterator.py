@@ -58,6 +58,9 @@ class Stats:
     make_s: list[float] = field(default_factory=list)      # the worker's fetch, per batch
     make_cpu_s: list[float] = field(default_factory=list)
     fell_back: str | None = None
+    # Called with no argument every OFFLOAD_RECORD_EVERY batches: the record gets the totals so far
+    # (a run ended by --steps closes the probe before the process's exit handlers run).
+    on_progress: Callable[[], None] | None = None
 
 
 class RayBatches(torch_dataloader._BaseDataLoaderIter):
@@ -163,6 +166,8 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         s.latency_s.append(time.perf_counter() - batch.sent_t)
         s.make_s.append(make_s)
         s.make_cpu_s.append(cpu_s)
+        if s.on_progress is not None and s.batches % th.OFFLOAD_RECORD_EVERY == 0:
+            s.on_progress()
         return data
 
     def _worker_lost(self, k: int, batch: _Batch, error: BaseException) -> None:

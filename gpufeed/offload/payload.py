@@ -3,8 +3,11 @@ worker_init_fn, with how torch fetches batches (map-style or iterable, automatic
 drop_last). When it cannot be pickled, the part that cannot is named."""
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
+import gpufeed
 from gpufeed.offload.errors import OffloadError
 
 MAX_DEPTH = 4  # attributes followed to find the part that cannot be pickled
@@ -18,6 +21,7 @@ def job_of(iterator: Any, loader: Any) -> tuple:
 
 def put(ray: Any, job: tuple) -> Any:
     """The job in Ray's object store; ``OffloadError`` naming what cannot be sent."""
+    ship_user_code(ray)
     try:
         return ray.put(job)
     except Exception as error:
@@ -32,6 +36,25 @@ def put(ray: Any, job: tuple) -> Any:
                                    f"pickled ({why}); create it in the dataset's __getitem__ or in a "
                                    "worker_init_fn instead of in __init__") from None
         raise OffloadError(f"cannot send the training DataLoader to Ray: {type(error).__name__}: {error}") from None
+
+
+def ship_user_code(ray: Any) -> None:
+    """The user's own modules (files outside site-packages, the standard library, torch and gpufeed)
+    are pickled by value: a node of the cluster has torch, Ray and the user's installed libraries,
+    but not necessarily the script's directory (Ray adds it to its workers' path, which helps only
+    where the same path exists: one machine, or a shared file system)."""
+    import torch
+    from gpufeed.measure.inside import roles
+    skip = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, gpufeed))
+    for name, module in list(sys.modules.items()):
+        filename = getattr(module, "__file__", None)
+        if (name == "__main__" or not isinstance(filename, str) or not os.path.isabs(filename)
+                or not roles.is_user_file(filename, skip)):
+            continue  # __main__ is pickled by value already
+        try:
+            ray.cloudpickle.register_pickle_by_value(module)
+        except (ValueError, TypeError):
+            pass  # a module cloudpickle refuses: pickled by reference, as before
 
 
 def unpicklable(dumps: Any, value: Any, path: str, depth: int = 0) -> tuple[str, Any, str] | None:

@@ -51,20 +51,19 @@ def connect(settings: OffloadSettings) -> Any:
 
 @contextmanager
 def _without_gpufeed_environment() -> Iterator[None]:
-    saved = dict(os.environ)
+    """Only the variables it changes are touched, and put back (the probe's thread may read others)."""
     bootstrap = os.path.join("measure", "inside", "bootstrap")
-    for name in [n for n in os.environ if n.startswith("GPUFEED_")]:
+    changed = {n: os.environ[n] for n in os.environ if n.startswith("GPUFEED_") or n == "PYTHONPATH"}
+    for name in changed:
         del os.environ[name]
-    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip(os.sep).endswith(bootstrap)]
+    path = [p for p in changed.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip(os.sep).endswith(bootstrap)]
     if path:
         os.environ["PYTHONPATH"] = os.pathsep.join(path)
-    else:
-        os.environ.pop("PYTHONPATH", None)
     try:
         yield
     finally:
-        os.environ.clear()
-        os.environ.update(saved)
+        os.environ.pop("PYTHONPATH", None)
+        os.environ.update(changed)
 
 
 def _first_line(error: BaseException) -> str:
