@@ -23,8 +23,6 @@ import argparse
 import io
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +30,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpufeed.offload import local_cluster  # noqa: E402
+
 TRAIN_CORE, RAY_CORE = 0, 1
 BATCH = 32
 WARMUP = 10
@@ -113,52 +115,22 @@ def _pinned(core: int) -> list[str]:
     return ["taskset", "-c", str(core)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ray_env() -> dict[str, str]:
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
-
-
 class RayNode:
     """A one-node Ray cluster with one CPU, pinned to RAY_CORE, in a session of its own."""
 
     def __init__(self, log: Path) -> None:
-        self.address = f"127.0.0.1:{_free_port()}"
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(
-            _pinned(RAY_CORE) + [str(Path(sys.executable).with_name("ray")), "start", "--block", "--head",
-                                 "--node-ip-address=127.0.0.1", f"--port={self.address.split(':')[1]}",
-                                 "--num-cpus=1", "--include-dashboard=false"],
-            stdout=self.log, stderr=subprocess.STDOUT, env=_ray_env(), start_new_session=True)
-        check = (f"import ray; ray.init(address={self.address!r}, logging_level='ERROR'); "
-                 "print(ray.cluster_resources().get('CPU'))")
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=_ray_env())
-            if done.returncode == 0:
-                return
-            time.sleep(2)
-        raise RuntimeError(f"the Ray node did not start: {done.stderr[-1000:]}")
+        self.address = f"127.0.0.1:{local_cluster.free_port()}"
+        self.proc = local_cluster.start_node(["--head", f"--port={self.address.split(':')[1]}", "--num-cpus=1",
+                                              "--include-dashboard=false"], log, core=RAY_CORE)
+        problem = local_cluster.wait_for_nodes(self.address, 1)
+        if problem:
+            self.stop()
+            raise RuntimeError(f"the Ray node did not start: {problem}")
 
     def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except OSError:
-                pass
-            try:
-                self.proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # what the head started: raylet, GCS, workers
-        except OSError:
-            pass
+        left = local_cluster.stop([self.proc])
+        if left:
+            print(f"Ray processes left running: {left}", file=sys.stderr)
 
 
 def _offloaded(node: RayNode, workers: int) -> list[str]:
@@ -168,7 +140,7 @@ def _offloaded(node: RayNode, workers: int) -> list[str]:
 
 def _measure(command: list[str], out: Path) -> dict:
     done = subprocess.run(_pinned(TRAIN_CORE) + command + ["--out", str(out)], capture_output=True, text=True,
-                          env=_ray_env(), timeout=600)
+                          env=local_cluster.ray_env(), timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr[-2000:]}")
     return json.loads(out.read_text())

@@ -42,7 +42,9 @@ def connect(settings: OffloadSettings) -> Any:
             # The local Ray's processes inherit this environment: not gpufeed's probe, which would
             # measure each Ray worker as if it were another training process.
             with _without_gpufeed_environment():
-                ray.init(**options)
+                # "local": a new Ray, never one a `ray start` left on this machine (what ray.init()
+                # without an address would join).
+                ray.init(address="local", **options)
     except Exception as error:  # ConnectionError, ValueError, RuntimeError: Ray's words, kept
         raise OffloadError(f"cannot reach {settings.where()} ({_first_line(error)}); check the address, or start "
                            "the cluster with `ray start --head`") from None
