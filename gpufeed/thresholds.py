@@ -254,8 +254,9 @@ OFFLOAD_PREFETCH_FACTOR = 2
 # pulls a runtime environment takes longer): past it, offloading goes on with those that started,
 # or, none, is refused before training starts.
 OFFLOAD_START_TIMEOUT_S = 120.0
-# A batch whose making killed this many Ray workers is the batch's fault, not the cluster's: its error
-# is raised, as torch raises when a DataLoader worker dies.
+# A batch whose making killed Ray workers on this many nodes is the batch's fault, not the cluster's:
+# its error is raised, as torch raises when a DataLoader worker dies. (Per node: a node's other
+# workers die with it, and the batch may have been sent to one of them before that was known.)
 OFFLOAD_MAX_ATTEMPTS = 3
 # Lost workers replaced in one run, per worker of the pool, before the pool stops replacing them.
 OFFLOAD_MAX_REPLACEMENTS_PER_WORKER = 4

@@ -8,7 +8,7 @@ keeps at most ``prefetch_factor`` batches per worker in flight, and delivers the
 order, each exactly once:
 
 - a worker that dies mid-batch: its batches are sent again to the workers left, and it is replaced;
-- a batch that kills ``OFFLOAD_MAX_ATTEMPTS`` workers: its error is raised (as torch raises when
+- a batch whose workers died on ``OFFLOAD_MAX_ATTEMPTS`` nodes: its error is raised (as torch raises when
   a DataLoader worker dies);
 - an error of the user's code in a worker: raised here, with the worker's traceback;
 - every worker lost and none back within ``OFFLOAD_LOST_AFTER_S``: the rest of the epoch, starting
@@ -43,7 +43,9 @@ class _Batch:
     slot: Slot | None = None
     ref: Any = None
     sent_t: float = 0.0
-    attempts: int = 0
+    # The nodes whose workers died while it was sent to them: a node's other workers die with it, so
+    # a batch counts against itself once per node, not once per worker.
+    failed_on: set = field(default_factory=set)
 
 
 @dataclass
@@ -172,10 +174,10 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     def _worker_lost(self, k: int, batch: _Batch, error: BaseException) -> None:
         """Batch ``k``'s worker died: replace it, and send its batches again to the workers left."""
-        batch.attempts += 1
-        if batch.attempts >= th.OFFLOAD_MAX_ATTEMPTS:
-            raise OffloadError(f"batch {k} of the epoch (indices {_short(batch.indices)}) was sent to "
-                               f"{batch.attempts} Ray workers and each died making it; the last error: "
+        batch.failed_on.add(batch.slot.node_id if batch.slot is not None else None)
+        if len(batch.failed_on) >= th.OFFLOAD_MAX_ATTEMPTS:
+            raise OffloadError(f"batch {k} of the epoch (indices {_short(batch.indices)}) was sent to Ray workers "
+                               f"on {len(batch.failed_on)} nodes and each died making it; the last error: "
                                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
         dead = batch.slot
         if dead is not None and not dead.lost:
