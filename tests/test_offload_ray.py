@@ -24,7 +24,7 @@ WORKERS = 2
 def ray():
     ray = needs.library("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
 
@@ -138,3 +138,54 @@ def test_lost_cluster_falls_back_to_local_workers_from_the_first_batch_not_deliv
     assert got == [i for i, _ in plain]  # the sampler's order, exactly once, across the fall-back
     assert state.lost and state.stats.fell_back
     assert "lost the Ray cluster" in capsys.readouterr().err
+
+
+def test_batches_are_pinned_where_the_loader_asks(offloaded, monkeypatch):
+    """No accelerator here, so torch turns pin_memory off (as it does for its own iterators): the
+    iterator is told it has one, and torch's pin function is recorded instead of run."""
+    from gpufeed.offload import iterator as offload_iterator
+    pinned = []
+    monkeypatch.setattr(offload_iterator.torch_pin, "pin_memory",
+                        lambda data, device: pinned.append(device) or ("pinned", data))
+    offloaded()
+    it = iter(_loader(Augmented(n=8), pin_memory=True))
+    it._pin_memory, it._pin_memory_device = True, "cuda"
+    batches = list(it)
+    assert len(batches) == 2 and all(b[0] == "pinned" for b in batches) and pinned == ["cuda", "cuda"]
+
+
+def _ray_processes() -> set[int]:
+    import psutil
+    names = ("raylet", "gcs_server")
+    return {p.pid for p in psutil.process_iter(["name", "status"])
+            if p.info["name"] in names and p.info["status"] != psutil.STATUS_ZOMBIE}
+
+
+def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_running(tmp_path):
+    """`gpufeed diagnose --offload ray` with the embedded default: a local Ray started inside the
+    training process, its batches measured by the probe, and everything gone at the end."""
+    import glob
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_cli import assert_nothing_left_running
+    needs.library("ray")
+    script = str(Path(__file__).parent / "workloads" / "offload" / "train.py")
+    before = _ray_processes()
+    done = subprocess.run([sys.executable, "-m", "gpufeed", "diagnose", "--offload", "ray", "--out", str(tmp_path / "run"),
+                           "--json", str(tmp_path / "diag.json"), "--warmup", "2", "--", sys.executable, script,
+                           "--out", str(tmp_path / "batches.json"), "--samples", "400", "--epochs", "1"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert_nothing_left_running(script)
+    assert _ray_processes() <= before  # the local Ray went with the run
+    events = [json.loads(line) for path in glob.glob(str(tmp_path / "run" / "events" / "*.jsonl"))
+              for line in open(path)]
+    offload = sorted((e for e in events if e["kind"] == "offload"), key=lambda e: e["t"])
+    assert offload and offload[-1]["batches"] == 50 and offload[-1]["latency_ms_p50"] > 0
+    diagnosis = json.loads((tmp_path / "diag.json").read_text())
+    assert diagnosis["metrics"]["steps"] > 0  # the probe measured the offloaded iterator's steps
+    # Ray's own worker processes were not measured as if they were training processes.
+    assert {e["pid"] for e in events if e["kind"] == "process"} == {e["pid"] for e in offload}
