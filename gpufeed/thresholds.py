@@ -266,3 +266,24 @@ AUTOTUNE_RAM_BUDGET_SHARE = 0.5
 # and each worker's copy-on-read growth can reach the size of the dataset's Python objects
 # (pytorch/pytorch#13246), which no estimate made at a worker's start sees.
 AUTOTUNE_MIN_AVAILABLE_SHARE = 0.10
+
+# -- Offloading the training DataLoader to Ray (gpufeed/offload/, docs/offload.md) -----------------
+# Batches in flight per Ray worker when the loader sets no prefetch_factor: torch's own default (2).
+OFFLOAD_PREFETCH_FACTOR = 2
+# How long the Ray workers get to start (a cold node imports torch and the user's code; a node that
+# pulls a runtime environment takes longer): past it, offloading goes on with those that started,
+# or, none, is refused before training starts.
+OFFLOAD_START_TIMEOUT_S = 120.0
+# A batch whose making killed Ray workers on this many nodes is the batch's fault, not the cluster's:
+# its error is raised, as torch raises when a DataLoader worker dies. (Per node: a node's other
+# workers die with it, and the batch may have been sent to one of them before that was known.)
+OFFLOAD_MAX_ATTEMPTS = 3
+# Lost workers replaced in one run, per worker of the pool, before the pool stops replacing them.
+OFFLOAD_MAX_REPLACEMENTS_PER_WORKER = 4
+# With every Ray worker lost, how long to wait for a replacement before the cluster counts as lost
+# and the epoch goes on with local workers. Ray itself declares a node dead after missing 5 health
+# checks 3 s apart (its health_check_failure_threshold and health_check_period_ms defaults), so the
+# wait starts only once Ray has said so.
+OFFLOAD_LOST_AFTER_S = 30.0
+# The run record gets the offload totals so far every this many batches (and at the end).
+OFFLOAD_RECORD_EVERY = 64

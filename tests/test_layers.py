@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
     ["gpufeed.record"],
     ["gpufeed.measure"],                                     # the package itself (a docstring)
     ["gpufeed.measure.inside", "gpufeed.measure.outside"],   # inside the training process; outside it
+    ["gpufeed.offload"],                                     # the training loader's batches made on Ray
     ["gpufeed.measure.runner", "gpufeed.analysis"],          # runs a command; reads a record
     ["gpufeed.api"],                                         # gpufeed.profile(): measure + analyse in-process
     ["gpufeed.trials"],                                      # one run of a command with settings overridden
@@ -47,6 +48,8 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 KNOWN: dict[tuple[str, str], str] = {
     ("gpufeed.measure.inside", "gpufeed.autotune"): "the probe's one call that applies --autotune to the training "
         "loader (issue 16): a hook named by the probe configuration would remove it",
+    ("gpufeed.measure.inside", "gpufeed.offload"): "the probe's one call that applies --offload to the training "
+        "loader (issue 18): the same hook would remove it",
 }
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
 

@@ -9,6 +9,7 @@ from gpufeed import defaults
 from gpufeed import thresholds as th
 from gpufeed._version import __version__
 from gpufeed.cli import common
+from gpufeed.offload.options import add_options as add_offload_options
 
 def _whole(text: str, what: str) -> int:
     try:
@@ -137,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_run_options(p)
     _add_autotune_option(p)
+    add_offload_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("analyze", help="diagnose a run directory again, from its record alone; several "
@@ -186,10 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json), "
-                                   "or tuned while it trains (--autotune)",
-                       usage="gpufeed run (--config FILE | --autotune) -- CMD [ARGS...]")
+                                   "tuned while it trains (--autotune), or its training DataLoader offloaded to Ray",
+                       usage="gpufeed run [--config FILE] [--autotune] [--offload ray [--ray-address ADDR]] -- CMD [ARGS...]")
     p.add_argument("--config", type=_path, metavar="FILE", help="settings file written by gpufeed tune")
     _add_autotune_option(p)
+    add_offload_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
     p = sub.add_parser("what-if", help="predict samples/s for other workers, cores or a faster GPU, from a run's record")

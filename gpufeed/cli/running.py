@@ -25,9 +25,13 @@ def diagnose(command: list[str], args: argparse.Namespace, console: Console) -> 
     if problem:
         say_error(problem)
         return EXIT_USAGE
+    try:
+        extra_env = _loader_env(args)
+    except ValueError as error:
+        return _offload_refused(error)
     options = RunOptions(command=command, out=out, steps=args.steps, warmup_steps=args.warmup,
                          stall_timeout_s=args.stall_timeout, interval_s=args.interval, grace_s=args.grace,
-                         first_batch_timeout_s=args.first_batch_timeout, extra_env=_autotune_env(args))
+                         first_batch_timeout_s=args.first_batch_timeout, extra_env=extra_env)
     # Ctrl-C and SIGTERM, however often, stop the run but never cut its record or diagnosis short.
     with StopSignals():
         return _run_and_diagnose(options, args, console)
@@ -170,10 +174,14 @@ def run(command: list[str], args: argparse.Namespace) -> int:
     if not command:
         say_error("give the training command after --, e.g. gpufeed run --config best-config.json -- python train.py")
         return EXIT_USAGE
-    if args.config is None and not args.autotune:
-        say_error("give --config FILE (gpufeed tune's best-config.json) or --autotune")
+    try:
+        extra_env = _loader_env(args)
+    except ValueError as error:
+        return _offload_refused(error)
+    if args.config is None and not extra_env:
+        say_error("give --config FILE (gpufeed tune's best-config.json), --autotune or --offload ray.")
         return EXIT_USAGE
-    env = dict(os.environ, **_autotune_env(args))
+    env = dict(os.environ, **extra_env)
     if args.config is not None:
         try:
             config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
@@ -197,14 +205,30 @@ def run(command: list[str], args: argparse.Namespace) -> int:
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
 
 
-def _autotune_env(args: argparse.Namespace) -> dict[str, str]:
-    """--autotune for the command; options already in the environment (docs/autotune.md) are kept."""
+def _loader_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment that asks the command's process for --autotune or --offload (not both: each
+    replaces the training loader's iterator). ValueError: the offload options cannot be met."""
     import os
 
     from gpufeed.autotune.hook import ENV_AUTOTUNE
-    if not getattr(args, "autotune", False):
-        return {}
-    return {ENV_AUTOTUNE: os.environ.get(ENV_AUTOTUNE, "").strip() or "1"}
+    from gpufeed.offload.options import settings_from as offload_settings
+    offload = offload_settings(args)
+    autotune = getattr(args, "autotune", False)
+    if autotune and offload is not None:
+        raise ValueError("--autotune and --offload cannot be combined: each replaces the training "
+                         "DataLoader's workers; offload first, then tune the Ray workers' count by hand")
+    if offload is not None:
+        return offload.to_env()
+    # Autotune options already in the environment (docs/autotune.md) are kept.
+    return {ENV_AUTOTUNE: os.environ.get(ENV_AUTOTUNE, "").strip() or "1"} if autotune else {}
+
+
+def _offload_refused(error: ValueError) -> int:
+    from rich.markup import escape
+
+    from gpufeed.offload.options import Unavailable
+    say_error(escape(f"{error}."))  # "gpufeed[ray]" is no markup
+    return EXIT_NOT_STARTED if isinstance(error, Unavailable) else EXIT_USAGE
 
 
 def _start_exporter(run_dir: Path, port: int, addr: str, console: Console):

@@ -9,6 +9,7 @@ from gpufeed.measure.inside import lifecycle, overrides, patches
 from gpufeed.measure.inside.patches import active_probe, patch_torch
 from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.inside.probe_config import ProbeConfig
+from gpufeed.offload import hook as offload_hook
 
 
 def note_process(probe: Probe) -> None:
@@ -27,6 +28,7 @@ def install_from_env() -> Probe | None:
     config = ProbeConfig.from_env()
     loader_overrides = overrides.from_env()
     autotune_hook.install_from_env(patches)  # --autotune: the training loader tunes itself (issue 16)
+    offload_hook.install_from_env()  # --offload: before the probe's own hooks, so they measure it (issue 18)
     if not config.run_dir:
         if loader_overrides is not None:
             overrides.patch_dataloader_init(loader_overrides, report=None)

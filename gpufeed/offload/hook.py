@@ -1,0 +1,175 @@
+"""Inside the training process: offload the training DataLoader's iterators to Ray.
+
+``install_from_env()`` (called by the probe's installer, where torch's DataLoader is imported, under
+``gpufeed run --offload`` and ``gpufeed diagnose --offload``) wraps ``DataLoader._get_iterator``:
+an iterator of a training loader over a map-style dataset becomes a ``RayBatches``; evaluation
+loaders, IterableDatasets, and every loader once the cluster is lost, keep torch's own iterator.
+The probe wraps ``_get_iterator`` after this, so it measures the offloaded iterator like any other.
+
+What cannot start (Ray missing, the cluster unreachable, a dataset that cannot be pickled) ends the
+process before its first batch with one sentence on stderr, never a traceback through gpufeed.
+"""
+from __future__ import annotations
+
+import atexit
+import statistics
+import sys
+from typing import Any
+
+from gpufeed.offload.errors import OffloadError
+from gpufeed.offload.settings import OffloadSettings
+
+EXIT_OFFLOAD_FAILED = 3  # the training could not start on the cluster asked for
+MARK = "_gpufeed_offload_original"
+
+_state: "_Offload | None" = None
+
+
+def install_from_env() -> None:
+    """Arm offloading when ``GPUFEED_OFFLOAD`` asks for it (idempotent)."""
+    try:
+        settings = OffloadSettings.from_env()
+    except ValueError as error:
+        _fail(str(error))
+    if settings is not None:
+        install(settings)
+
+
+def install(settings: OffloadSettings) -> None:
+    global _state
+    from torch.utils.data import dataloader
+    original = dataloader.DataLoader._get_iterator
+    if getattr(original, MARK, None) is not None:
+        return
+    _state = _Offload(settings)
+
+    def _get_iterator(self):
+        state = _state
+        if state is None or not state.wants(self, sys._getframe(1)):
+            return original(self)
+        try:
+            return state.iterator(self)
+        except OffloadError as error:
+            _fail(str(error))
+
+    setattr(_get_iterator, MARK, original)
+    dataloader.DataLoader._get_iterator = _get_iterator
+
+
+def uninstall() -> None:
+    global _state
+    from torch.utils.data import dataloader
+    original = getattr(dataloader.DataLoader._get_iterator, MARK, None)
+    if original is not None:
+        dataloader.DataLoader._get_iterator = original
+    if _state is not None:
+        _state.close()
+    _state = None
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"gpufeed: {message}.\n" if not message.endswith(".") else f"gpufeed: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(EXIT_OFFLOAD_FAILED)
+
+
+def say(message: str) -> None:
+    """A warning on stderr, and in the run record when the probe measures this process."""
+    sys.stderr.write(f"gpufeed: {message}\n")
+    probe = _active_probe()
+    if probe is not None:
+        probe.warn(f"offload: {message}")
+
+
+def _active_probe() -> Any:
+    module = sys.modules.get("gpufeed.measure.inside.patches")  # never imported here: the probe imports this
+    return module.active_probe() if module is not None else None
+
+
+class _Offload:
+    """One process's offloading: the connection, the pool (started at the first training iterator,
+    kept for the next ones), and what it did."""
+
+    def __init__(self, settings: OffloadSettings) -> None:
+        from gpufeed.offload.iterator import Stats
+        self.settings = settings
+        self.pool: Any = None
+        self.lost = False
+        self.stats = Stats(on_progress=self.record)
+        self.said_local: set[str] = set()
+
+    def wants(self, loader: Any, frame: Any) -> bool:
+        """Whether this iterator is offloaded: a training loader over a map-style dataset."""
+        if self.lost:
+            return False
+        from torch.utils.data import _DatasetKind
+        from gpufeed.measure.inside import roles
+        built = getattr(loader, "_gpufeed_built", None) or {}
+        role, _why = roles.iterator_role(frame, built.get("built_as"))
+        if role != roles.TRAIN:
+            return False
+        if loader._dataset_kind != _DatasetKind.Map:
+            self._once("iterable", "the training DataLoader reads an IterableDataset, whose order depends on how "
+                       "its own workers split it: it is not offloaded and keeps its local workers")
+            return False
+        return True
+
+    def iterator(self, loader: Any) -> Any:
+        from gpufeed import thresholds as th
+        from gpufeed.offload import ray_engine
+        from gpufeed.offload.iterator import RayBatches
+        if self.pool is None:
+            ray = ray_engine.connect(self.settings)
+            size = self.settings.workers or max(ray_engine.cluster_cpus(ray), 1)
+            self.pool = ray_engine.Pool.start(ray, size, th.OFFLOAD_START_TIMEOUT_S)
+            # Registered now, after the probe's and Ray's own: it runs before them at exit.
+            atexit.register(self.close)
+            nodes = {s.node_id for s in self.pool.usable()}
+            self.note(f"the training DataLoader's batches are made by {len(self.pool.usable())} Ray workers on "
+                      f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} of {self.settings.where()}")
+        return RayBatches(loader, self.pool, self.stats, say, self._lost,
+                          self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
+
+    def _lost(self) -> None:
+        self.lost = True
+        if self.pool is not None:
+            self.pool.close()
+
+    def note(self, message: str) -> None:
+        sys.stderr.write(f"gpufeed: {message}\n")
+
+    def _once(self, key: str, message: str) -> None:
+        if key not in self.said_local:
+            self.said_local.add(key)
+            say(message)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.stats
+        return {"batches": s.batches, "by_node": dict(s.by_node), "resent": s.resent,
+                "workers_lost": s.workers_lost, "fell_back": s.fell_back,
+                "latency_ms_p50": _ms(s.latency_s), "make_ms_p50": _ms(s.make_s), "make_cpu_ms_p50": _ms(s.make_cpu_s),
+                "workers": None if self.pool is None else self.pool.size}
+
+    def record(self) -> None:
+        """The totals so far as an ``offload`` event in the run record (the last one counts)."""
+        probe = _active_probe()
+        if probe is not None:
+            import time
+            probe.event("offload", t=time.perf_counter(), **self.summary())
+
+    def close(self) -> None:
+        if self.stats.batches:
+            self.record()
+            summary = self.summary()
+            nodes = " + ".join(str(n) for n in summary["by_node"].values())
+            self.note(f"{summary['batches']} batches made on Ray ({len(summary['by_node'])} nodes: {nodes}); "
+                      f"{summary['resent']} sent again after {summary['workers_lost']} workers were lost; "
+                      f"median latency {summary['latency_ms_p50']:.1f} ms")
+            self.stats.batches = 0
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def _ms(values: list[float]) -> float | None:
+    return statistics.median(values) * 1000.0 if values else None

@@ -1,0 +1,189 @@
+"""Ray Core for offloading: joining (or starting) the cluster, and the pool of ``BatchMaker`` actors
+that stand in for the DataLoader's workers.
+
+Imported only when ``--offload ray`` is asked for, inside the training process.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from gpufeed import thresholds as th
+from gpufeed.offload import remote
+from gpufeed.offload.errors import OffloadError
+from gpufeed.offload.settings import INSTALL_HINT, OffloadSettings
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise OffloadError(f"--offload ray needs Ray, which is not installed in {sys.executable}: "
+                           f"{INSTALL_HINT}") from None
+    return ray
+
+
+def connect(settings: OffloadSettings) -> Any:
+    """``ray`` connected to the cluster asked for (or a local one started for this run); raises
+    ``OffloadError`` with the reason when it cannot be reached."""
+    ray = import_ray()
+    if ray.is_initialized():  # the script uses Ray itself: share its connection
+        return ray
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine on our account
+    options = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    try:
+        if settings.address:
+            ray.init(address=settings.address, **options)
+        else:
+            # The local Ray's processes inherit this environment: not gpufeed's probe, which would
+            # measure each Ray worker as if it were another training process.
+            with _without_gpufeed_environment():
+                # "local": a new Ray, never one a `ray start` left on this machine (what ray.init()
+                # without an address would join).
+                ray.init(address="local", **options)
+    except Exception as error:  # ConnectionError, ValueError, RuntimeError: Ray's words, kept
+        raise OffloadError(f"cannot reach {settings.where()} ({_first_line(error)}); check the address, or start "
+                           "the cluster with `ray start --head`") from None
+    return ray
+
+
+@contextmanager
+def _without_gpufeed_environment() -> Iterator[None]:
+    """Only the variables it changes are touched, and put back (the probe's thread may read others)."""
+    bootstrap = os.path.join("measure", "inside", "bootstrap")
+    changed = {n: os.environ[n] for n in os.environ if n.startswith("GPUFEED_") or n == "PYTHONPATH"}
+    for name in changed:
+        del os.environ[name]
+    path = [p for p in changed.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip(os.sep).endswith(bootstrap)]
+    if path:
+        os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    try:
+        yield
+    finally:
+        os.environ.pop("PYTHONPATH", None)
+        os.environ.update(changed)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def cluster_cpus(ray: Any) -> int:
+    return int(ray.cluster_resources().get("CPU", 0))
+
+
+@dataclass
+class Slot:
+    """One worker of the pool: its actor, and whether it is ready, in use or lost."""
+
+    worker_id: int
+    actor: Any
+    ready_ref: Any
+    ready: bool = False
+    lost: bool = False
+    node_id: str | None = None
+
+
+@dataclass
+class Pool:
+    """``size`` BatchMaker actors, one CPU each, spread over the cluster's nodes."""
+
+    ray: Any
+    size: int
+    slots: list[Slot] = field(default_factory=list)
+    replacements: int = 0
+
+    @classmethod
+    def start(cls, ray: Any, size: int, timeout_s: float) -> "Pool":
+        """Start the actors and wait for them; raises ``OffloadError`` when none starts in ``timeout_s``."""
+        # Shipped by value: the nodes need torch and Ray, not gpufeed.
+        ray.cloudpickle.register_pickle_by_value(remote)
+        pool = cls(ray, size)
+        pool._actor_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(remote.BatchMaker)
+        pool.slots = [pool._new_slot(i) for i in range(size)]
+        ready, _ = ray.wait([s.ready_ref for s in pool.slots], num_returns=size, timeout=timeout_s)
+        pool.note_ready(ready)
+        if not any(s.ready for s in pool.slots):
+            pool.close()
+            raise OffloadError(f"no Ray worker started within {timeout_s:g} s on a cluster with "
+                               f"{cluster_cpus(ray)} CPUs")
+        for slot in pool.slots:  # the cluster has fewer free CPUs than asked: go on with those that started
+            if not slot.ready:
+                slot.lost = True
+                ray.kill(slot.actor)
+        return pool
+
+    def _new_slot(self, worker_id: int) -> Slot:
+        actor = self._actor_class.options(scheduling_strategy="SPREAD").remote()
+        return Slot(worker_id, actor, actor.ready.remote())
+
+    def note_ready(self, refs: list) -> None:
+        """Mark the slots whose ready call came back; one whose actor died at start-up is lost."""
+        by_ref = {s.ready_ref: s for s in self.slots}
+        for ref in refs:
+            slot = by_ref.get(ref)
+            if slot is None:
+                continue
+            try:
+                slot.node_id, _pid = self.ray.get(ref)
+                slot.ready = True
+            except self.ray.exceptions.RayError:
+                slot.lost = True
+
+    def usable(self) -> list[Slot]:
+        return [s for s in self.slots if s.ready and not s.lost]
+
+    def pick(self, k: int) -> Slot | None:
+        """The worker for batch ``k``: worker ``k mod size`` as torch's round robin gives it, or, when
+        that one is lost, the next usable one; None when none is usable now."""
+        slot = self.slots[k % len(self.slots)]
+        if slot.ready and not slot.lost:
+            return slot
+        usable = self.usable()
+        return usable[k % len(usable)] if usable else None
+
+    def replace(self, slot: Slot) -> Slot | None:
+        """A lost worker's actor is killed and a new one started in its place (not waited for);
+        None when the pool has replaced as many as it may (a batch that kills every worker)."""
+        slot.lost = True
+        try:
+            self.ray.kill(slot.actor)
+        except Exception:
+            pass
+        if self.replacements >= th.OFFLOAD_MAX_REPLACEMENTS_PER_WORKER * self.size:
+            return None
+        self.replacements += 1
+        new = self._new_slot(slot.worker_id)
+        self.slots[self.slots.index(slot)] = new
+        return new
+
+    def pending_ready_refs(self) -> list:
+        return [s.ready_ref for s in self.slots if not s.ready and not s.lost]
+
+    def wait_for_any(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a starting worker; whether one is usable now."""
+        refs = self.pending_ready_refs()
+        if refs:
+            ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout_s)
+            self.note_ready(ready)
+        return bool(self.usable())
+
+    def poll(self) -> None:
+        """Note the workers that have started since (never blocks)."""
+        refs = self.pending_ready_refs()
+        if refs:
+            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+            self.note_ready(ready)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            try:
+                self.ray.kill(slot.actor)
+            except Exception:
+                pass
+        self.slots = []

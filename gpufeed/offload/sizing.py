@@ -1,0 +1,58 @@
+"""How many cores the GPU needs when the host's CPU is the limit, and the ``--offload`` command that
+gives them: for ``diagnose``'s advice when ``cpu_saturated`` fires.
+
+From the what-if model when it could predict (``WhatIf.cores_for_ceiling``: every batch's CPU, the
+workers' and the training process's, at the rate the step alone allows; docs/what-if.md); else from
+the measured CPU per sample and the step time: cores = (samples per batch / step time) x CPU seconds
+per sample. Nothing is said when the host's cores already suffice.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+FROM_MODEL = "the what-if model"
+FROM_RATES = "the CPU per sample and the step time"
+
+
+@dataclass(frozen=True)
+class CoresNeeded:
+    cores: int        # cores that prepare batches as fast as the step takes them
+    host_cores: int   # the cores the run had
+    source: str       # FROM_MODEL or FROM_RATES
+    command: str      # the run offloaded, with one Ray worker per core needed
+
+    def sentence(self) -> str:
+        return (f"The GPU needs {self.cores} cores preparing batches to stay busy, and this host gives the job "
+                f"{self.host_cores} (from {self.source}): offload the DataLoader to a Ray cluster with that many CPUs: "
+                f"`{self.command}`.")
+
+
+def cores_needed(metrics: Any, what_if: Any, command: list[str]) -> CoresNeeded | None:
+    """``metrics``: the run's ``Metrics``; ``what_if``: its ``WhatIf`` (or None)."""
+    host = int(metrics.cpu_count)
+    cores, source = None, None
+    if what_if is not None and not getattr(what_if, "cannot_predict", None):
+        cores, source = what_if.cores_for_ceiling, FROM_MODEL  # None: these cores already reach the ceiling
+        if cores is None:
+            return None
+    else:
+        cores, source = _from_rates(metrics), FROM_RATES
+    if cores is None or cores <= host:
+        return None
+    return CoresNeeded(cores=cores, host_cores=host, source=source, command=offload_command(command, cores))
+
+
+def _from_rates(m: Any) -> int | None:
+    if not (m.loader_cpu_bound_samples_per_s and m.compute_per_batch_ms and m.steps and m.samples):
+        return None
+    cpu_s_per_sample = m.cpu_count / m.loader_cpu_bound_samples_per_s
+    ceiling_samples_per_s = (m.samples / m.steps) / (m.compute_per_batch_ms / 1000.0)
+    return max(1, math.ceil(ceiling_samples_per_s * cpu_s_per_sample - 1e-9))
+
+
+def offload_command(command: list[str], workers: int) -> str:
+    training = shlex.join(command) if command else "python train.py"
+    return f"gpufeed run --offload ray --ray-address ADDRESS --ray-workers {workers} -- {training}"

@@ -1,0 +1,191 @@
+"""Offloading on a real, local Ray (one node started in this process, 2 CPUs): the batches, their
+order, backpressure, a worker killed mid-batch, the user's errors, a dataset that cannot be sent,
+and the fall-back to local workers. Heavy (starts Ray): run it under the lock.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gpufeed import thresholds as th
+from gpufeed.offload import OffloadSettings, hook
+from gpufeed.offload.errors import OffloadError
+from tests import needs
+
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def ray():
+    ray = needs.library("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def offloaded(ray):
+    """Offloading armed in this process (sharing the test's Ray) for the test, and disarmed after."""
+    def arm(**settings):
+        hook.install(OffloadSettings(workers=WORKERS, **settings))
+        return hook._state
+    yield arm
+    hook.uninstall()
+
+
+class Augmented(Dataset):
+    """Each sample: its index and a random augmentation (torch's RNG, seeded per worker)."""
+
+    def __init__(self, n: int = 40, log_dir: str | None = None, fail_at: int = -1, kill_at: int = -1,
+                 marker: str = "") -> None:
+        self.n, self.log_dir, self.fail_at, self.kill_at, self.marker = n, log_dir, fail_at, kill_at, marker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if self.log_dir:  # one file per sample made: what the workers did, seen from outside
+            open(os.path.join(self.log_dir, f"{i}-{time.monotonic_ns()}"), "w").close()
+        if i == self.fail_at:
+            raise KeyError(f"no sample {i}")
+        if i == self.kill_at and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(1)  # the Ray worker dies mid-batch
+        return torch.tensor(i), torch.rand(2)
+
+
+def _epochs(loader: DataLoader, epochs: int = 2) -> list[tuple[list[int], list[list[float]]]]:
+    torch.manual_seed(7)
+    return [(i.tolist(), x.tolist()) for _ in range(epochs) for i, x in loader]
+
+
+def _loader(dataset: Dataset, **kwargs) -> DataLoader:
+    kwargs = {"batch_size": 4, "shuffle": True, "num_workers": WORKERS, **kwargs}
+    return DataLoader(dataset, **kwargs)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_same_batches_in_the_same_order_exactly_once(offloaded, persistent):
+    plain = _epochs(_loader(Augmented(), persistent_workers=persistent))
+    state = offloaded()
+    remote = _epochs(_loader(Augmented(), persistent_workers=persistent))
+    # Worker k mod N makes batch k, seeded as torch seeds worker k: even the random augmentation agrees.
+    assert remote == plain
+    assert state.stats.batches == len(plain) == 2 * 10
+    indices = [i for batch, _ in remote[:10] for i in batch]
+    assert sorted(indices) == list(range(40))  # one epoch: each sample exactly once
+
+
+def test_in_flight_batches_are_bounded(offloaded, tmp_path):
+    state = offloaded()
+    loader = _loader(Augmented(n=200, log_dir=str(tmp_path)), prefetch_factor=2)
+    iterator = iter(loader)
+    next(iterator)
+    time.sleep(2.0)  # ample time for the workers to run ahead if nothing held them back
+    made_batches = len(os.listdir(tmp_path)) / 4
+    limit = WORKERS * 2
+    assert made_batches <= 1 + limit  # the one delivered, and prefetch_factor per worker in flight
+    assert len(iterator._batches) <= limit
+    assert state.stats.batches == 1
+
+
+def test_a_worker_killed_mid_batch_is_replaced_and_no_sample_is_lost_or_repeated(offloaded, tmp_path):
+    dataset = Augmented(kill_at=13, marker=str(tmp_path / "killed"))
+    plain = _epochs(_loader(Augmented()), epochs=1)
+    state = offloaded()
+    remote = _epochs(_loader(dataset), epochs=1)
+    assert (tmp_path / "killed").exists()
+    assert [i for i, _ in remote] == [i for i, _ in plain]  # every batch, in order, exactly once
+    assert state.stats.workers_lost == 1 and state.stats.resent >= 1
+
+
+def test_an_error_of_the_dataset_is_raised_in_the_training_process(offloaded):
+    offloaded()
+    with pytest.raises(KeyError, match="no sample 5"):
+        _epochs(_loader(Augmented(fail_at=5), shuffle=False))
+
+
+class _WithConnection(Augmented):
+    def __init__(self) -> None:
+        super().__init__()
+        self.labels = {"db": sqlite3.connect(":memory:")}  # opened in __init__: it cannot travel
+
+
+def test_a_dataset_that_cannot_be_pickled_is_named_in_one_sentence(offloaded):
+    offloaded()
+    with pytest.raises(OffloadError, match=r"dataset\.labels\['db'\] \(a sqlite3\.Connection\) cannot be pickled"):
+        hook._state.iterator(_loader(_WithConnection()))
+
+
+def test_lost_cluster_falls_back_to_local_workers_from_the_first_batch_not_delivered(offloaded, monkeypatch, capsys):
+    plain = _epochs(_loader(Augmented()), epochs=3)
+    monkeypatch.setattr(th, "OFFLOAD_MAX_REPLACEMENTS_PER_WORKER", 0)  # lost workers stay lost
+    state = offloaded(lost_after_s=1.0)
+    loader = _loader(Augmented())
+    torch.manual_seed(7)
+    iterator = iter(loader)
+    got = [next(iterator)[0].tolist() for _ in range(3)]
+    for slot in state.pool.slots:  # the cluster goes away mid-epoch
+        state.pool.ray.kill(slot.actor)
+    got += [i.tolist() for i, _ in iterator]
+    got += [i.tolist() for _ in range(2) for i, _ in loader]  # the next epochs: local from the start
+    assert got == [i for i, _ in plain]  # the sampler's order, exactly once, across the fall-back
+    assert state.lost and state.stats.fell_back
+    assert "lost the Ray cluster" in capsys.readouterr().err
+
+
+def test_batches_are_pinned_where_the_loader_asks(offloaded, monkeypatch):
+    """No accelerator here, so torch turns pin_memory off (as it does for its own iterators): the
+    iterator is told it has one, and torch's pin function is recorded instead of run."""
+    from gpufeed.offload import iterator as offload_iterator
+    pinned = []
+    monkeypatch.setattr(offload_iterator.torch_pin, "pin_memory",
+                        lambda data, device: pinned.append(device) or ("pinned", data))
+    offloaded()
+    it = iter(_loader(Augmented(n=8), pin_memory=True))
+    it._pin_memory, it._pin_memory_device = True, "cuda"
+    batches = list(it)
+    assert len(batches) == 2 and all(b[0] == "pinned" for b in batches) and pinned == ["cuda", "cuda"]
+
+
+def _ray_processes() -> set[int]:
+    import psutil
+    names = ("raylet", "gcs_server")
+    return {p.pid for p in psutil.process_iter(["name", "status"])
+            if p.info["name"] in names and p.info["status"] != psutil.STATUS_ZOMBIE}
+
+
+def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_running(tmp_path):
+    """`gpufeed diagnose --offload ray` with the embedded default: a local Ray started inside the
+    training process, its batches measured by the probe, and everything gone at the end."""
+    import glob
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.test_cli import assert_nothing_left_running
+    needs.library("ray")
+    script = str(Path(__file__).parent / "workloads" / "offload" / "train.py")
+    before = _ray_processes()
+    done = subprocess.run([sys.executable, "-m", "gpufeed", "diagnose", "--offload", "ray", "--out", str(tmp_path / "run"),
+                           "--json", str(tmp_path / "diag.json"), "--warmup", "2", "--", sys.executable, script,
+                           "--out", str(tmp_path / "batches.json"), "--samples", "400", "--epochs", "1"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert_nothing_left_running(script)
+    assert _ray_processes() <= before  # the local Ray went with the run
+    events = [json.loads(line) for path in glob.glob(str(tmp_path / "run" / "events" / "*.jsonl"))
+              for line in open(path)]
+    offload = sorted((e for e in events if e["kind"] == "offload"), key=lambda e: e["t"])
+    assert offload and offload[-1]["batches"] == 50 and offload[-1]["latency_ms_p50"] > 0
+    diagnosis = json.loads((tmp_path / "diag.json").read_text())
+    assert diagnosis["metrics"]["steps"] > 0  # the probe measured the offloaded iterator's steps
+    # Ray's own worker processes were not measured as if they were training processes.
+    assert {e["pid"] for e in events if e["kind"] == "process"} == {e["pid"] for e in offload}
