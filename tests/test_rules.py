@@ -238,3 +238,16 @@ def test_storage_latency_on_a_host_busy_with_other_programs(tmp_path):
     f = d.finding("storage_latency")
     assert f is not None and "Other programs used" in f.message
     assert d.finding("cpu_saturated") is None and d.finding("too_many_workers") is None
+
+
+def test_cpu_saturated_says_how_many_cores_and_the_offload_command(tmp_path):
+    """Every core busy: the advice sizes the cores the step needs and shows `gpufeed run --offload`."""
+    f = diagnose(tmp_path, SATURATED).finding("cpu_saturated")
+    assert f.evidence["cores_needed"] > f.evidence["cpu_count"]
+    assert f"--ray-workers {f.evidence['cores_needed']}" in f.recommendation
+    assert "gpufeed run --offload ray" in f.recommendation
+
+
+def test_no_offload_advice_where_more_workers_are_the_fix(tmp_path):
+    f = diagnose(tmp_path, FEW_WORKERS).finding("too_few_workers")
+    assert "--offload" not in f.recommendation and "cores_needed" not in f.evidence

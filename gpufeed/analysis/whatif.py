@@ -1,5 +1,8 @@
 """What if: samples/s for other DataLoader settings, cores or a faster GPU, from one run's record.
 
+Longer than 400 lines because it is one model: the per-batch costs read from the record and the
+formulas that combine them belong together (docs/what-if.md follows the same order).
+
 The model (docs/what-if.md has the formulas and what they assume). Per batch, measured in the run:
 
 - ``cpu_s``    c: CPU time a worker spends making it (needs a core);

@@ -1,5 +1,8 @@
 """A DataLoader whose settings change while it runs, delivering every batch exactly once, in order.
 
+(Longer than 400 lines because the exactly-once argument spans the loader, its feed and the
+child iterators: splitting them would split the proof.)
+
 ``SwitchingLoader`` wraps a user's ``DataLoader`` and never iterates it. Each epoch it draws the
 epoch's batch order from the user's own (batch) sampler, exactly once, and hands it to a *child*
 loader: a plain ``DataLoader`` over the same dataset with the settings in force (``num_workers``,

@@ -25,7 +25,7 @@ class CoresNeeded:
     command: str      # the run offloaded, with one Ray worker per core needed
 
     def sentence(self) -> str:
-        return (f"The GPU needs {self.cores} cores preparing batches to stay busy, and this host gives the job "
+        return (f"The training step needs {self.cores} cores preparing batches to never wait, and this host gives the job "
                 f"{self.host_cores} (from {self.source}): offload the DataLoader to a Ray cluster with that many CPUs: "
                 f"`{self.command}`.")
 
