@@ -233,18 +233,19 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     # Throughput over the last ten steps: one step alone is too noisy to read, ten still show a stall.
     rate = rolling_samples_per_s(steps, window=10)
     idx = slice(None, None, k)
+    shown = steps[idx]
     out["steps"] = {
-        "t": _values(steps[idx, 0] - t0, 4),
-        "wait_ms": _values((steps[idx, 1] - steps[idx, 0]) * 1000, 2),
-        "compute_ms": _values((steps[idx, 3] - steps[idx, 1]) * 1000, 2),
+        "t": _values(shown.t_request - t0, 4),
+        "wait_ms": _values(shown.wait * 1000, 2),
+        "compute_ms": _values((shown.next_request - shown.t_deliver) * 1000, 2),
         "samples_per_s": _values(rate[idx], 1),
     }
     # What the eye should line up with the curves: each DataLoader start-up (workers starting)
     # and the measured window (after warm-up).
-    out["startups"] = [[round(it.t_created - t0, 4), round(float(it.steps[0, 2]) - t0, 4)]
+    out["startups"] = [[round(it.t_created - t0, 4), round(float(it.steps.t_deliver[0]) - t0, 4)]
                        for it in record.iterators if len(it.steps)]
     measured = steps[d.metrics.warmup_steps:]
-    out["window"] = ([round(float(measured[0, 0]) - t0, 4), round(float(np.nanmax(measured[:, 1])) - t0, 4)]
+    out["window"] = ([round(float(measured.t_request[0]) - t0, 4), round(float(np.nanmax(measured.t_deliver)) - t0, 4)]
                      if len(measured) else None)
     return out
 
@@ -253,11 +254,11 @@ def _histogram(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
     """Steps after warm-up, counted by step time; each bar split by the share of its steps' time
     spent waiting for data and computing."""
     steps = training_steps(record, d)[d.metrics.warmup_steps:]
-    steps = steps[np.isfinite(steps[:, 3])]  # an iterator's last step has no end
+    steps = steps[np.isfinite(steps.next_request)]  # an iterator's last step has no end
     if len(steps) < 2:
         return None
-    wait = steps[:, 1] - steps[:, 0]
-    step = steps[:, 3] - steps[:, 0]
+    wait = steps.wait
+    step = steps.next_request - steps.t_request
     lo, hi = float(step.min()), float(step.max())
     pad = (hi - lo) * 0.02 or hi * 0.05 or 1e-3
     edges = np.linspace(max(0.0, lo - pad), hi + pad, min(40, max(5, len(steps) // 4)) + 1)

@@ -21,6 +21,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import INFO, LOW, MEDIUM, Finding
 from gpufeed.analysis.rules import tf_data
+from gpufeed.record.rows import StepRows
 from gpufeed.units import fmt, human_bytes
 
 
@@ -127,14 +128,14 @@ def training_growth(ctx: Context) -> Growth | None:
     its = [it for it in ctx.record.iterators if t.owns(it) and len(it.steps)]
     if not its:
         return None
-    steps = np.concatenate([it.steps for it in its])
-    steps = steps[np.argsort(steps[:, 2])]
+    steps = StepRows.concat(it.steps for it in its)
+    steps = steps[np.argsort(steps.t_deliver)]
     warmup = min(ctx.metrics.warmup_steps, max(len(steps) - 2, 0))
-    t0 = steps[warmup, 1] if len(steps) > warmup else np.inf
+    t0 = steps.t_request[warmup] if len(steps) > warmup else np.inf
     if any(len(it.cuda) for it in its):
         # Step indices restart with each epoch's iterator: number the steps across the run.
         offsets = np.cumsum([0] + [len(it.steps) for it in its[:-1]])
-        rows = np.concatenate([np.column_stack([it.cuda[:, 0] + offset, it.cuda[:, 2]])
+        rows = np.concatenate([np.column_stack([it.cuda.index + offset, it.cuda.mem_allocated_b])
                                for it, offset in zip(its, offsets) if len(it.cuda)])
         rows = rows[(rows[:, 0] >= warmup) & np.isfinite(rows[:, 1])]
         order = np.argsort(rows[:, 0])
@@ -143,13 +144,13 @@ def training_growth(ctx: Context) -> Growth | None:
     times, rss = [], []
     # Readings after the last step are left out: as the loop ends, the process frees what it held
     # (a leak of 1 GB fell back to 600 MB once the last step was taken) while the step count stands.
-    t_last = steps[-1, 2]
+    t_last = steps.t_deliver[-1]
     for i in np.flatnonzero((s.t >= t0) & (s.t <= t_last)):
         for row in s.procs[i]:
             if row[0] == t.pid and row[5]:
                 times.append(s.t[i])
                 rss.append(row[5])
-    done = np.searchsorted(steps[:, 2], np.array(times, dtype=float))  # steps delivered by each reading
+    done = np.searchsorted(steps.t_deliver, np.array(times, dtype=float))  # steps delivered by each reading
     return _line(done.astype(float), np.array(rss, dtype=float), "resident memory")
 
 
