@@ -173,3 +173,34 @@ def test_custom_batch_sampler_with_persistent_workers_over_epochs(tmp_path):
     (iterator,) = load_run(run.run_dir).iterators
     assert iterator.steps[:, 3].tolist() == seen, "each batch counted as what it holds, in order"
     assert sum(seen) == 3 * BUCKET_SAMPLES
+
+
+def test_batches_of_changing_structure_are_each_counted_as_they_hold(tmp_path):
+    """batch_size=None counts a batch like the last one from the field that counted it (the hot
+    path's shortcut): every change of structure, of field order or of size is still counted right."""
+    def batch(i):
+        n = 3 + i % 5
+        shapes = [
+            lambda: [torch.zeros(n, 4), torch.zeros(n)],                     # [x, y] fields
+            lambda: [torch.zeros(4, 4), torch.zeros(1, 4)],                  # 2 variable-size samples
+            lambda: {"ids": torch.zeros(n, 9), "labels": torch.zeros(n)},    # a dict
+            lambda: {"labels": torch.zeros(n), "ids": torch.zeros(n, 9)},    # same keys, other order
+            lambda: torch.zeros(n, 2),                                       # a tensor
+            lambda: [torch.zeros(2, 4), torch.zeros(5, 4), torch.zeros(1, 4)],  # 3 variable-size samples
+            lambda: (torch.zeros(n, 4), torch.zeros(n), torch.zeros(n, 1)),  # a third field
+        ]
+        return shapes[(i // 40) % len(shapes)]()
+
+    class Changing(Dataset):
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, i):
+            return batch(i)
+
+    expected = [{1: 2, 5: 3}.get((i // 40) % 7, 3 + i % 5) for i in range(400)]
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        for _ in DataLoader(Changing(), batch_size=None):
+            pass
+    (iterator,) = load_run(run.run_dir).iterators
+    assert iterator.steps[:, 3].tolist() == expected

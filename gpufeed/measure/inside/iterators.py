@@ -12,7 +12,7 @@ class IteratorState:
 
     __slots__ = ("probe", "iter_id", "next_index", "rows", "samples", "last_index", "last_samples",
                  "samples_from", "sizes", "detailed", "cpu_at", "waiting_since", "training", "cuda_pending",
-                 "cuda_rows", "last_memory_t", "worker_pids", "done", "in_process", "unknown_reported",
+                 "cuda_rows", "last_memory_t", "worker_pids", "done", "in_process", "unknown_reported", "count_plan",
                  "__weakref__")
 
     def __init__(self, probe: Any, iter_id: int, worker_pids: list[int]) -> None:
@@ -37,6 +37,7 @@ class IteratorState:
         self.worker_pids = worker_pids
         self.done = False  # the iterator is gone: flush what is left, then forget it
         self.unknown_reported = False
+        self.count_plan: tuple | None = None  # batch_size=None: how a batch like the last is counted (loaders.count_plan)
 
 
 def mark_done(state: IteratorState) -> None:

@@ -30,16 +30,10 @@ def count_samples(batch: Any) -> int | None:
 
 def _count_batch(batch: Any) -> int | None:
     if isinstance(batch, (list, tuple)):
-        shapes = [getattr(item, "shape", None) for item in batch]
-        if len(batch) > 1 and None not in shapes:
-            first = tuple(shapes[0])
-            leading, same = (first[0] if first else None), True
-            for shape in shapes[1:]:
-                shape = tuple(shape)
-                if (shape[0] if shape else None) != leading:
-                    return len(batch)      # different lengths: one sample each
-                same = same and shape == first
-            return None if same else leading
+        if len(batch) > 1:
+            counted = _count_tensors(batch)
+            if counted is not _NO_SHAPE:
+                return counted
         if batch and all(isinstance(item, dict) for item in batch):
             return len(batch)
         return _agreeing(batch)
@@ -54,6 +48,27 @@ def _count_batch(batch: Any) -> int | None:
 
 
 _NO_SHAPE = object()
+
+
+def _count_tensors(batch: list | tuple) -> Any:
+    """A list or tuple of tensors or arrays: its count by the rule above; ``_NO_SHAPE`` when an item
+    has no shape. Runs on every batch of a ``batch_size=None`` loader, so it is written for speed:
+    one pass, each shape read once (a tensor builds its ``torch.Size`` anew on each read)."""
+    first = leading = _NO_SHAPE
+    same = True
+    for item in batch:
+        shape = getattr(item, "shape", None)
+        if shape is None:
+            return _NO_SHAPE
+        if type(shape) is not tuple and not isinstance(shape, tuple):
+            shape = tuple(shape)
+        if first is _NO_SHAPE:
+            first, leading = shape, (shape[0] if shape else None)
+        elif (shape[0] if shape else None) != leading:
+            return len(batch)      # different lengths: one sample each
+        elif same and shape != first:
+            same = False
+    return None if same else leading
 
 
 def _leading(value: Any) -> Any:
@@ -181,6 +196,34 @@ def describe_batch(batch: Any) -> str:
     return f"a batch of type {kind}"
 
 
+# A batch of the structure the rule last counted in full is counted from the field that gave the count
+# and agrees with the last field (two shape reads instead of a walk over every field: issue 11's 2 µs
+# budget for the hot path);
+# every RECOUNT_EVERY-th batch is counted in full again, and so is any batch of another structure.
+RECOUNT_EVERY = 32
+
+
+def count_plan(batch: Any, counted: int | None) -> tuple | None:
+    """(type, length, first key, last key) such that ``batch[first].shape[0]`` counts a batch of this
+    structure whose last field agrees with it (first key None: ``batch.shape[0]``); None where the rule
+    needs the whole batch. Made only where every field is shaped and all agree with the count."""
+    if counted is None:
+        return None
+    if isinstance(batch, dict):
+        keys = list(batch)
+    elif isinstance(batch, (list, tuple)):
+        keys = range(len(batch))
+    else:
+        return (type(batch), None, None, None) if _leading(batch) == counted else None
+    if len(keys) < 2:
+        return None
+    for key in keys:
+        shape = getattr(batch[key], "shape", None)
+        if shape is None or not len(shape) or shape[0] != counted:
+            return None
+    return (type(batch), len(batch), keys[0], keys[-1])
+
+
 def samples_of(state: Any, index: int, batch: Any) -> int | None:
     """Samples in this batch of the iterator (``state``: its ``IteratorState``); None where not sure."""
     sizes, how = state.sizes, state.samples_from
@@ -191,8 +234,22 @@ def samples_of(state: Any, index: int, batch: Any) -> int | None:
     elif how == FROM_COLLATED and state.samples:  # from workers: each one's last batch may hold fewer
         counted = count_samples(batch)
         return counted if counted is not None and counted < state.samples else state.samples
+    elif how == FROM_BATCH:
+        plan = state.count_plan
+        if plan is not None and index % RECOUNT_EVERY and type(batch) is plan[0]:
+            try:
+                if plan[2] is None:
+                    return batch.shape[0]
+                if len(batch) == plan[1]:
+                    counted = batch[plan[2]].shape[0]
+                    if batch[plan[3]].shape[0] == counted:  # first and last fields agree: still fields
+                        return counted
+            except Exception:
+                pass  # not the structure the plan was made for: counted in full below
+        samples = count_samples(batch)
+        state.count_plan = count_plan(batch, samples)
     else:
-        samples = count_samples(batch) if how == FROM_BATCH else None
+        samples = None
     if samples is None and not state.unknown_reported:
         state.probe.samples_unknown(state, batch)
     return samples
