@@ -134,6 +134,38 @@ def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
     return plain, statistics.median(times["probe"]) - plain
 
 
+def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
+    """(plain seconds to build a DataLoader and take its first batch, what the probe adds): its
+    construction hook (call site, the user's frames, the role) and the new iterator's registration.
+    Paid once per loader and once per epoch's iterator, never per batch; current probe only."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gpufeed.measure.inside import overrides, patches, probe as probe_module
+    data = TensorDataset(torch.zeros(256, 8), torch.zeros(256, dtype=torch.long))
+
+    def block() -> float:
+        t0 = time.thread_time()
+        for _ in range(loaders):
+            next(iter(DataLoader(data, batch_size=32)))
+        return (time.thread_time() - t0) / loaders
+
+    times = {"plain": [], "probe": []}
+    with tempfile.TemporaryDirectory() as run_dir:
+        probe = probe_module.Probe(run_dir)
+        block()
+        for _ in range(blocks):
+            for variant in random.sample(["plain", "probe"], 2):
+                if variant == "probe":
+                    patches.patch_torch(probe)
+                    overrides.patch_dataloader_init(None, report=probe.event)
+                times[variant].append(block())
+                patches.unpatch_torch()  # the construction hook too
+        probe.close()
+    plain = statistics.median(times["plain"])
+    return plain, statistics.median(times["probe"]) - plain
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=41)
@@ -157,6 +189,13 @@ def main() -> None:
         plain, cost = to_cost(_Probe(path), args.blocks, args.steps)
         print(f"| tensor.to(torch.float64), 16 floats on the CPU | {label} | {plain * 1e6:.2f} µs | "
               f"{cost * 1e6:.2f} µs |", flush=True)
+
+    print()
+    print("| per DataLoader | probe | plain | added by the probe |")
+    print("|---|---|---|---|")
+    plain, cost = loader_cost(args.blocks, max(1, args.steps // 20))
+    print(f"| DataLoader(...) built, first batch taken | current | {plain * 1e6:.0f} µs | {cost * 1e6:.0f} µs |",
+          flush=True)
 
 
 if __name__ == "__main__":

