@@ -90,21 +90,29 @@ def per_next_s(make_loader, steps: int) -> float:
     return (time.thread_time() - t0) / steps
 
 
-def measure(probe_module, make_loader, blocks: int, steps: int) -> tuple[float, float]:
-    """(plain seconds per next(), probe cost per next())."""
+def alternate(probe_module, block, patch, unpatch, blocks: int) -> tuple[float, float]:
+    """(plain seconds of ``block()``, what the probe adds): blocks alternate between plain and
+    instrumented, in random order each round, in one process; medians. ``patch(probe)`` and
+    ``unpatch()`` switch the probe's hooks on and off."""
     times = {"plain": [], "probe": []}
     with tempfile.TemporaryDirectory() as run_dir:
         probe = probe_module.Probe(run_dir)
-        per_next_s(make_loader, steps)  # warm-up
+        block()  # warm-up
         for _ in range(blocks):
             for variant in random.sample(["plain", "probe"], 2):
                 if variant == "probe":
-                    probe_module.patch_torch(probe)
-                times[variant].append(per_next_s(make_loader, steps))
-                probe_module.unpatch_torch()
+                    patch(probe)
+                times[variant].append(block())
+                unpatch()
         probe.close()
     plain = statistics.median(times["plain"])
     return plain, statistics.median(times["probe"]) - plain
+
+
+def measure(probe_module, make_loader, blocks: int, steps: int) -> tuple[float, float]:
+    """(plain seconds per next(), probe cost per next())."""
+    return alternate(probe_module, lambda: per_next_s(make_loader, steps), probe_module.patch_torch,
+                     probe_module.unpatch_torch, blocks)
 
 
 def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
@@ -119,19 +127,7 @@ def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
             x.to(torch.float64)
         return (time.thread_time() - t0) / steps
 
-    times = {"plain": [], "probe": []}
-    with tempfile.TemporaryDirectory() as run_dir:
-        probe = probe_module.Probe(run_dir)
-        block()
-        for _ in range(blocks):
-            for variant in random.sample(["plain", "probe"], 2):
-                if variant == "probe":
-                    probe_module.patch_h2d(probe)
-                times[variant].append(block())
-                probe_module.unpatch_h2d()
-        probe.close()
-    plain = statistics.median(times["plain"])
-    return plain, statistics.median(times["probe"]) - plain
+    return alternate(probe_module, block, probe_module.patch_h2d, probe_module.unpatch_h2d, blocks)
 
 
 def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
@@ -141,7 +137,8 @@ def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from gpufeed.measure.inside import overrides, patches, probe as probe_module
+    from gpufeed.measure.inside import overrides
+    current = _Probe(None)
     data = TensorDataset(torch.zeros(256, 8), torch.zeros(256, dtype=torch.long))
 
     def block() -> float:
@@ -150,20 +147,12 @@ def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
             next(iter(DataLoader(data, batch_size=32)))
         return (time.thread_time() - t0) / loaders
 
-    times = {"plain": [], "probe": []}
-    with tempfile.TemporaryDirectory() as run_dir:
-        probe = probe_module.Probe(run_dir)
-        block()
-        for _ in range(blocks):
-            for variant in random.sample(["plain", "probe"], 2):
-                if variant == "probe":
-                    patches.patch_torch(probe)
-                    overrides.patch_dataloader_init(None, report=probe.event)
-                times[variant].append(block())
-                patches.unpatch_torch()  # the construction hook too
-        probe.close()
-    plain = statistics.median(times["plain"])
-    return plain, statistics.median(times["probe"]) - plain
+    def patch(probe) -> None:
+        current.patch_torch(probe)
+        overrides.patch_dataloader_init(None, report=probe.event)
+
+    # unpatch_torch removes the construction hook too.
+    return alternate(current, block, patch, current.unpatch_torch, blocks)
 
 
 def main() -> None:
