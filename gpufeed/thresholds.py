@@ -223,6 +223,13 @@ WHATIF_MAX_OTHER_SHARE = 0.75
 # show it (no workers, or workers started again every epoch, whose start-up CPU would count too):
 # 0.5-0.8 ms per batch of 16 samples in the persistent-worker runs of bench/what_if.py (2 cores).
 WHATIF_HANDOFF_S = 0.0007
+# Starting and stopping a DataLoader worker, per worker, where the run cannot show it (no workers,
+# or persistent ones): forking a torch process (the iterator's creation to its workers started) and
+# shutting it down (the next() that ends an epoch, without persistent workers). 8-13 ms and 4-10 ms
+# per worker (w2-w16) in the non-persistent runs of bench/what_if.py, 2026-11-30 (2 cores, ~300 MB
+# training processes); a larger process forks slower (page tables are copied).
+WHATIF_WORKER_SPAWN_S = 0.010
+WHATIF_WORKER_STOP_S = 0.007
 # The least share of the cores the job is taken to get, whatever other programs used during its run.
 WHATIF_MIN_FREE_CORES = 0.25
 # Settings predicted within this share of the fastest are equal; the fewest workers win (the tune's

@@ -28,6 +28,7 @@ class Scenario:
     compute_s: float = 0.010          # per step, after the batch arrives
     wait_s: float = 0.0005            # per step, inside next(loader)
     startup_s: float = 0.05           # iterator creation to first batch
+    stop_s: float | None = None       # the next() that ends each epoch (workers shut down); None: no epoch_end event
     fetch_wall_s: float = 0.015       # per batch in a worker
     fetch_cpu_s: float = 0.012        # CPU time of that fetch
     worker_torch_threads: int = 1
@@ -98,6 +99,10 @@ def write_run(path: Path, sc: Scenario) -> Path:
             if h2d_rows:
                 events.write({"kind": "h2d", "pid": MAIN_PID, "rows": h2d_rows})
             _write_fetches(path, sc, workers, t_created + sc.startup_s * 0.5, t)
+            if sc.stop_s is not None:
+                events.write({"kind": "epoch_end", "pid": MAIN_PID, "iter_id": epoch, "t_request": t,
+                              "t": t + sc.stop_s})
+                t += sc.stop_s
             if sc.stall_s is not None and epoch == sc.epochs - 1:
                 events.write({"kind": "stall", "pid": MAIN_PID, "iter_id": epoch, "t_request": t,
                               "waited_s": sc.stall_s, "worker_pids": workers})

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gpufeed import thresholds as th
 from gpufeed.analysis import analyze
 from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, LIMIT_WORKERS, answer_run
 from tests.synthetic import Scenario, write_run
@@ -46,16 +47,33 @@ def test_enough_workers_reach_the_ceiling_of_the_step(tmp_path):
 
 
 def test_cpu_bound_batches_are_capped_by_the_cores(tmp_path):
-    w = run(tmp_path, CPU_BOUND, workers=16)
+    w = run(tmp_path, CPU_BOUND, workers=16, persistent=True)
     p = w.predictions[0]
     assert w.costs.cpu_s == pytest.approx(0.030)
     assert p.limit == LIMIT_CORES
     # 2 cores / (30 ms of the workers + the training process's ~1 ms) per batch of 32 samples.
     assert p.samples_per_s == pytest.approx(2 / 0.031 * 32, rel=0.08)
-    four = answer_run(tmp_path / "run", workers=16, cores=4).predictions[0]
+    four = answer_run(tmp_path / "run", workers=16, cores=4, persistent=True).predictions[0]
     assert four.samples_per_s == pytest.approx(2 * p.samples_per_s, rel=0.02)
     # 1 ms steps need 31 ms of CPU each: about 31 cores to keep the loop fed.
     assert w.cores_for_ceiling == pytest.approx(31, abs=3)
+
+
+def test_workers_started_each_epoch_cost_their_start_and_stop(tmp_path):
+    """Started again each epoch, every worker is forked and, at the epoch's end, shut down: from a
+    run without workers that cost is the documented typical one; a run whose epochs ended with
+    workers measures its own (the ``epoch_end`` events)."""
+    steady = run(tmp_path, CPU_BOUND, workers=16, persistent=True).predictions[0].samples_per_s
+    costs = answer_run(tmp_path / "run", workers=16).costs
+    assert (costs.spawn_s, costs.stop_s) == (th.WHATIF_WORKER_SPAWN_S, th.WHATIF_WORKER_STOP_S)
+    restarted = answer_run(tmp_path / "run", workers=16, persistent=False).predictions[0].samples_per_s
+    epoch_samples = CPU_BOUND.steps_per_epoch * CPU_BOUND.batch_size
+    extra_s = epoch_samples / restarted - epoch_samples / steady
+    assert extra_s == pytest.approx(16 * (th.WHATIF_WORKER_SPAWN_S + th.WHATIF_WORKER_STOP_S), rel=0.25)
+
+    slow_stop = dataclasses.replace(STORAGE, persistent_workers=False, epochs=3, stop_s=0.2)
+    measured = answer_run(write_run(tmp_path / "stops", slow_stop), workers=2).costs
+    assert measured.stop_s == pytest.approx(0.1)   # 0.2 s for the run's 2 workers
 
 
 def test_no_workers_is_the_batch_plus_the_step(tmp_path):

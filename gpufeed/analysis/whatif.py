@@ -56,6 +56,7 @@ class Costs:
     main_cpu_s: float
     startup_s: float             # a new iterator's start-up before its first batch, besides the fetch
     spawn_s: float               # of which per worker (forking it)
+    stop_s: float                # per worker, shutting it down at an epoch's end (non-persistent)
     batches_per_epoch: float
     samples_per_batch: float
     cores: float
@@ -191,7 +192,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         raise CannotPredict("no CPU readings of the training process (the sampler saw none in the window)")
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
-    startups, spawns, per_epoch = _startup(its, workers)
+    startups, spawns, stops, per_epoch = _startup(its, workers)
     handoff = th.WHATIF_HANDOFF_S
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
         measured = _handoff(record, set(training.worker_pids), rows, t0, t1)
@@ -205,7 +206,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
 
     def costs(q: float | None) -> Costs:
         return Costs(cpu_s=_q(cpu, q), sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q),
-                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns,
+                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, stop_s=stops,
                      batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
@@ -286,15 +287,20 @@ def _waited(steps: StepRows, t0: float, t1: float) -> float:
     return float(np.clip(np.minimum(steps.t_deliver, t1) - np.maximum(steps.t_request, t0), 0, None).sum())
 
 
-def _startup(its: list, workers: int) -> tuple[float, float, float]:
+def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
-    (forking), and the batches of an epoch."""
+    (forking), the shutdown per worker at an epoch's end, and the batches of an epoch. Where this run
+    has no worker that started or stopped, a worker's start and stop are the documented typical ones."""
     firsts = [(it.t_created, it.t_ready, it.steps.t_deliver[0]) for it in its if len(it.steps)]
     startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
-    spawn = float(np.median([ready - created for created, ready, _first in firsts])) / workers if workers else 0.0
+    spawn = (float(np.median([ready - created for created, ready, _first in firsts])) / workers
+             if workers and firsts else th.WHATIF_WORKER_SPAWN_S)
+    ends = [t - t_request for it in its if it.worker_pids and not it.config.persistent_workers
+            for t_request, t in it.epoch_ends]
+    stop = float(np.median(ends)) / workers if workers and ends else th.WHATIF_WORKER_STOP_S
     epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
     per_epoch = sum(len(it.steps) for it in its) / max(epochs, 1)
-    return startup, spawn, per_epoch
+    return startup, spawn, stop, per_epoch
 
 
 # -- the model ------------------------------------------------------------------------------------------
@@ -328,7 +334,7 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
         # that part was production, not start-up, and is counted by the steady rate.
         latency = c.cpu_s + c.handoff_s + c.sleep_s
         init = max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
-        epoch_start = latency if persistent else init + c.spawn_s * workers + latency
+        epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
     return per_epoch * c.samples_per_batch / epoch_s, limit
 

@@ -44,6 +44,9 @@ class IteratorRecord:
     steps: StepRows       # in index order
     cuda: CudaRows        # mem columns NaN where not sampled
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
+    # (t_request, t) of each next() that ended an epoch (StopIteration): a non-persistent iterator's
+    # workers are shut down inside it. Empty in records older than the ``epoch_end`` event.
+    epoch_ends: list[tuple[float, float]] = field(default_factory=list)
     role: str | None = None           # schema.ROLE_TRAIN / ROLE_EVAL; None in records older than roles
     role_why: str | None = None       # the evidence for the role, in words
     samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
@@ -229,6 +232,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
     epochs: dict[tuple[int, int], list[float]] = {}
+    epoch_ends: dict[tuple[int, int], list[tuple[float, float]]] = {}
     unknown: dict[tuple[int, int], str] = {}
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
@@ -248,6 +252,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 cuda_rows.setdefault(key, []).extend(ev.get("rows", []))
             elif kind == "epoch":
                 epochs.setdefault(key, []).append(ev.get("t"))
+            elif kind == "epoch_end":
+                epoch_ends.setdefault(key, []).append((ev["t_request"], ev["t"]))
             elif kind == "fetches":
                 f = fetches.setdefault(pid, {"worker_id": ev.get("worker_id"),
                                              "torch_threads": ev.get("torch_threads"), "rows": []})
@@ -289,7 +295,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             worker_pids=list(ev.get("worker_pids") or []),
             config=schema.LoaderConfig.from_dict(ev.get("config", {})),
             steps=steps, cuda=CudaRows.of(cuda_rows.get(key, [])),
-            epoch_starts=sorted(epochs.get(key, [])),
+            epoch_starts=sorted(epochs.get(key, [])), epoch_ends=sorted(epoch_ends.get(key, [])),
             role=ev.get("role"), role_why=ev.get("role_why"),
             samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
         ))

@@ -95,6 +95,7 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "iterator": ({"pid": int, "iter_id": int, "t_created": float, "config": dict},
                  {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None}),
     "epoch": ({"pid": int, "iter_id": int, "t": float}, {}),
+    "epoch_end": ({"pid": int, "iter_id": int, "t_request": float, "t": float}, {}),
     "steps": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.STEP_COLUMNS), 3)}, {}),  # index, t_request, t_deliver
     "cuda": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.CUDA_COLUMNS), 1)}, {}),   # index
     "fetches": ({"pid": int, "rows": _rows(len(schema.FETCH_COLUMNS), 2)},                   # t_start, t_end
