@@ -374,6 +374,12 @@ def best_setting(spread: _Spread, *, cores: float | None = None, gpu_speedup: fl
     return min(close, key=lambda p: (p.num_workers, p.persistent_workers))
 
 
+def best_of(costs: Costs, *, max_workers: int | None = None) -> Prediction:
+    """The fastest setting for one set of costs (no spread): ``--autotune``'s first guess, from a
+    live period of the run (``gpufeed/autotune/model.py``)."""
+    return best_setting(_Spread(costs, costs, costs), max_workers=max_workers)
+
+
 def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
     """Samples/s with the data always ready: the step alone."""
     c = c.scaled(gpu_speedup)

@@ -3,7 +3,8 @@
 Every refresh reads the host and the GPUs with the reader the outside sampler records with
 (``HostReader.read``: /proc and the NVML gateway), keeps a short history per GPU so the sawtooth
 shows as a sparkline, and, when a ``gpufeed diagnose`` run is going, reads its run record for the
-job's recent samples/s, data-wait share, worker states and current findings. The run is read
+job's recent samples/s, data-wait share, worker states and current findings (and, under
+``--autotune``, the settings in force and the last decision). The run is read
 (and analysed) every ``RUN_REFRESH_S`` at most, and less often when that gets slow: a long run's
 record takes longer to read than a refresh.
 
@@ -35,6 +36,7 @@ from rich.text import Text
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.findings import Finding
 from gpufeed.measure.outside.host import HostReader
+from gpufeed.present.autotune_view import settings_timeline
 from gpufeed.present.steps import recent, training_steps
 from gpufeed.present.terminal import SEVERITY_STYLE
 from gpufeed.record import schema
@@ -75,6 +77,7 @@ class RunState:
     workers: list[tuple[int, str, float | None]] = field(default_factory=list)  # pid, status, cpu %
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None
+    autotune: str | None = None   # --autotune: the settings in force and the last decision, one line
 
 
 def find_running_run(root: Path = RUNS_DIR, now: Callable[[], float] = time.time) -> Path | None:
@@ -108,6 +111,12 @@ def read_run(run_dir: Path) -> RunState:
     d: Diagnosis = analyze_record(record)
     state.samples_per_s, state.data_wait_share = recent(training_steps(record, d), RECENT_S)
     state.findings = d.findings
+    training = next((s for s in d.loaders if s.training), None)
+    tl = settings_timeline(record, training.pid if training is not None else None)
+    if tl is not None and tl.settings:
+        switches = len(tl.switches)
+        state.autotune = (f"{tl.settings[-1].label} ({switches} switch{'' if switches == 1 else 'es'})  "
+                          f"last: {tl.last_words()}")
     latest = [it.worker_pids for it in record.iterators if it.worker_pids]
     workers = set(latest[-1]) if latest else set()
     last = record.samples.procs[-1] if len(record.samples) else []
@@ -224,6 +233,8 @@ class Dashboard:
             Text.assemble(("     samples/s ", "bold"), fmt(run.samples_per_s, ",.0f"),
                           ("   data wait ", "bold"), fmt(run.data_wait_share, ".0%"), f"  (last {RECENT_S:g} s)"),
         ]
+        if run.autotune:
+            lines.append(Text.assemble(("     autotune ", "bold"), run.autotune, overflow="ellipsis", no_wrap=True))
         if run.workers:
             workers = Text("     workers ", style="bold")
             for pid, status, cpu in run.workers:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from gpufeed.record import schema, validate
+from gpufeed.record import pools, schema, validate
 from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
 
 
@@ -51,6 +51,9 @@ class IteratorRecord:
     role_why: str | None = None       # the evidence for the role, in words
     samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
     samples_unknown: str | None = None   # why some batches' samples could not be counted
+    # The worker pools --autotune switched between inside this iteration, each as recorded (first
+    # the one created here); empty when one pool made it (``record/pools.py``).
+    pools: list["IteratorRecord"] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -118,6 +121,8 @@ class RunRecord:
     # profiler windows the waits were read from.
     tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
     tf_profiles: list[dict[str, Any]] = field(default_factory=list)
+    # `autotune` events in time order: every decision of --autotune (docs/autotune.md)
+    autotune: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -227,7 +232,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
-    tf_pipelines, tf_profiles = [], []
+    tf_pipelines, tf_profiles, autotune = [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -268,6 +273,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 cuda_devices.append(ev)
             elif kind == "tf_pipeline":
                 tf_pipelines.append(ev)
+            elif kind == "autotune":
+                autotune.append(ev)
             elif kind == "tf_profile":
                 tf_profiles.append(ev)
                 if ev.get("error"):
@@ -299,6 +306,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             role=ev.get("role"), role_why=ev.get("role_why"),
             samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
         ))
+    autotune.sort(key=lambda ev: ev["t"])
+    iterator_records = pools.file_pools(iterator_records, autotune)
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
                                  rows=FetchRows.of(f["rows"]))
                      for pid, f in sorted(fetches.items())]
@@ -314,7 +323,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         samples=samples,
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
-        tf_pipelines=tf_pipelines, tf_profiles=tf_profiles,
+        tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, autotune=autotune,
     )
 
 

@@ -105,6 +105,8 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "override": ({"pid": int}, {"site": str | None, "settings": dict | None, "refused": dict | None}),
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),
     "memory": ({"pid": int}, {"t": float | None}),
+    "autotune": ({"pid": int, "action": str, "t": float},
+                 {"where": str, "label": str, "old": dict, "new": dict, "settings": dict, "period": dict}),
 }
 
 SAMPLE = {"t": float, "cpu_pct": list[float | None] | None, "iowait_pct": float | None,
