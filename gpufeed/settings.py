@@ -6,6 +6,7 @@ library only, because the probe imports it inside the user's process.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -141,3 +142,7 @@ class PipelineSettings:
         if self.max_intra_op_parallelism is not None:
             parts.append(f"intra-op {self.max_intra_op_parallelism}")
         return " ".join(parts) or "as is"
+
+    def label_beside_workers(self) -> str:
+        """The settings other than num_parallel_calls (the report's axis), naming a line of trials."""
+        return dataclasses.replace(self, parallel_calls=None).label().replace("as is", "the script's own")

@@ -17,6 +17,7 @@ from gpufeed.batchsize.result import FORMAT as BATCH_SIZE_FORMAT
 from gpufeed.batchsize.result import OOM, BatchSizeResult
 from gpufeed.record import validate
 from gpufeed.record.reader import RecordError, load_run
+from gpufeed.settings import PipelineSettings
 from gpufeed.trials.layout import BATCH_SIZE_FILE, TUNE_FILE
 from gpufeed.tune.result import TUNE_FORMAT, Trial, TuneResult
 
@@ -90,7 +91,11 @@ def _shown_run(trial: Trial) -> str | None:
 
 
 def _num_workers(trial: Trial, tune_dir: Path) -> int | None:
-    """The trial's num_workers; null in tune.json means the script's own, read from its record."""
+    """The trial's num_workers; null in tune.json means the script's own, read from its record.
+    A tf.data trial: its fixed num_parallel_calls (AUTOTUNE and the script's own have no place on that axis)."""
+    if isinstance(trial.settings, PipelineSettings):
+        calls = trial.settings.parallel_calls
+        return calls if calls is not None and calls > 0 else None
     if trial.settings.num_workers is not None:
         return trial.settings.num_workers
     run_dir = _shown_run(trial)

@@ -186,7 +186,7 @@ class TuneResult:
             return {**target, "settings": self.best.settings.to_dict(), "samples_per_s": self.best.samples_per_s,
                     "speedup": self.speedup, "command": self.command}
         which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
-        return {"format": CONFIG_FORMAT, "site": self.site, **which, "settings": self.best.settings.to_dict(),
+        return {"format": CONFIG_FORMAT, "framework": "pytorch", "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command}
 
 

@@ -88,6 +88,9 @@ class Overrides:
                                "speedup", "command", "note"}
         if unknown:
             raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, stack, role, settings)")
+        if data.get("framework", "pytorch") != "pytorch":
+            raise ValueError(f"{where} is for framework {data.get('framework')!r}; known: 'pytorch' (a DataLoader's "
+                             "settings), 'tensorflow' (a tf.data pipeline's)")
         if data.get("format", CONFIG_FORMAT) != CONFIG_FORMAT:
             raise ValueError(f"{where} has format {data.get('format')!r}; this gpufeed reads {CONFIG_FORMAT!r}")
         site = data.get("site")
