@@ -38,6 +38,7 @@ class TrialsSection:
     run_dir: str | None = None                   # the trial's run shown below (relative), if any
     run_title: str = ""
     workers: dict[int, int | None] = field(default_factory=dict)  # tune: each trial's num_workers
+    axis: str = "num_workers"                    # tune: what ``workers`` counts (tf.data: num_parallel_calls)
 
 
 def result_file(directory: Path) -> Path | None:
@@ -119,7 +120,8 @@ def _tune_section(result: TuneResult, tune_dir: Path) -> TrialsSection:
             lines.setdefault(t.settings.label_beside_workers(), {})[workers_of[t.id]] = (
                 t.samples_per_s, min(rates), max(rates))
     workers = sorted({w for pts in lines.values() for w in pts})
-    chart = {"workers": workers, "lines": [
+    chart = {"workers": workers, "axis": "num_parallel_calls" if result.framework == "tensorflow" else "num_workers",
+             "lines": [
         {"label": label, **{key: [pts[w][n] if w in pts else None for w in workers]
                             for n, key in enumerate(("median", "lo", "hi"))}}
         for label, pts in lines.items()]}
@@ -127,7 +129,7 @@ def _tune_section(result: TuneResult, tune_dir: Path) -> TrialsSection:
     best = result.best if result.best is not None and result.best.ok else \
         max(ok, key=lambda t: t.samples_per_s, default=None)
     run_dir = _shown_run(best) if best is not None else None
-    return TrialsSection(TUNE, result, chart, run_dir, f"Best trial: {run_dir}", workers_of)
+    return TrialsSection(TUNE, result, chart, run_dir, f"Best trial: {run_dir}", workers_of, chart["axis"])
 
 
 # -- batch size ---------------------------------------------------------------------------------------
