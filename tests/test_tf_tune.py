@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gpufeed.measure.inside.probe_config import ProbeConfig
+from gpufeed.record import validate
 from gpufeed.measure.inside.tf_overrides import PipelineOverrides, is_pipeline_config, parallel_calls
 from gpufeed.settings import AUTOTUNE, PipelineSettings
 from gpufeed.tune import tf_target
@@ -206,6 +207,7 @@ def test_tune_json_and_best_config_say_tensorflow_and_read_back():
     result.target = tf_target.pipeline_target(PIPELINE)
     doc = json.loads(json.dumps(result.to_dict()))
     assert doc["framework"] == "tensorflow" and doc["dataloader_kwargs"] is None
+    assert validate.doc_problem(doc, validate.TUNE_DOC) is None
     assert set(doc["best"]["config"]) == set(PipelineSettings().config_dict())
     back = TuneResult.from_dict(doc)
     assert back.best.settings == result.best.settings and back.framework == "tensorflow"
