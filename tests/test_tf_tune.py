@@ -214,3 +214,21 @@ def test_tune_json_and_best_config_say_tensorflow_and_read_back():
     config = result.config_file()
     assert config["framework"] == "tensorflow" and config["site"] == "t.py:40"
     assert PipelineOverrides.from_dict(json.loads(json.dumps(config))).settings == result.best.settings
+
+
+def test_run_config_reads_either_framework_from_the_file(tmp_path):
+    from gpufeed.cli.running import _read_config
+    from gpufeed.measure.inside.overrides import Overrides
+    path = tmp_path / "best-config.json"
+    path.write_text(json.dumps({"framework": "tensorflow", "site": "t.py:40", "stages": ["t.py:39"],
+                                "settings": {"parallel_calls": 8}}))
+    assert _read_config(path) == PipelineOverrides(PipelineSettings(parallel_calls=8), "t.py:40", ("t.py:39",))
+    path.write_text(json.dumps({"framework": "pytorch", "site": "t.py:12", "settings": {"num_workers": 4}}))
+    config = _read_config(path)
+    assert isinstance(config, Overrides) and config.settings.num_workers == 4 and config.framework == "pytorch"
+    path.write_text(json.dumps({"framework": "jax", "settings": {}}))
+    with pytest.raises(ValueError, match="framework 'jax'"):
+        _read_config(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        _read_config(path)
