@@ -270,6 +270,15 @@ def patch_datasets(overrides: PipelineOverrides | None, say: bool) -> None:
         setattr(dataset_cls, name, wrap(name, original))
 
 
+def unpatch_datasets() -> None:
+    """The dataset methods as TensorFlow defines them (tests)."""
+    from tensorflow.python.data.ops import dataset_ops
+    for name in TUNED + NOTED:
+        original = getattr(getattr(dataset_ops.DatasetV2, name, None), "_gpufeed_original", None)
+        if original is not None:
+            setattr(dataset_ops.DatasetV2, name, original)
+
+
 def from_env() -> PipelineOverrides | None:
     text = ProbeConfig.from_env().pipeline_overrides
     if not text:
