@@ -126,11 +126,13 @@ def test_paste_line_names_each_stage_where_the_script_makes_it():
 
 # -- the search ----------------------------------------------------------------------------------------
 def latency_bound(s: PipelineSettings) -> float:
-    """A map that waits on storage: each parallel call adds throughput far past 2 cores; TensorFlow's
-    AUTOTUNE stops at the cores (its parallelism's ceiling)."""
+    """A map that waits on storage: each parallel call adds throughput far past 2 cores, as long as
+    a thread runs it: tf.data's shared pool has one per core (AUTOTUNE stops there too), a private
+    pool as many as it is given."""
     n = s.parallel_calls
     calls = 1 if n is None else 2 if n == AUTOTUNE else n
-    return 100.0 * min(calls, 24) * (1.05 if s.prefetch is not None else 1.0)
+    threads = s.private_threadpool_size or 2
+    return 100.0 * min(calls, threads, 24) * (1.05 if s.prefetch is not None else 1.0)
 
 
 def cpu_bound(s: PipelineSettings) -> float:
@@ -148,7 +150,11 @@ def search(rate, diagnosis=lambda s: fake_diagnosis(), **kw) -> TuneResult:
 def test_latency_bound_map_climbs_past_autotune_and_the_cores():
     result = search(latency_bound)
     assert result.best.settings.parallel_calls >= 16
+    assert result.best.settings.private_threadpool_size == result.best.settings.parallel_calls
     assert result.speedup > 10
+    # Up to the cores the shared pool runs the calls; past them each step brings its own pool.
+    assert {t.settings.parallel_calls: t.settings.private_threadpool_size for t in result.trials
+            if t.settings.parallel_calls in (2, 4, 8)} == {2: None, 4: 4, 8: 8}
     auto = next(t for t in result.trials if t.why == AUTOTUNE_EVERYWHERE)
     assert auto.settings == PipelineSettings(parallel_calls=AUTOTUNE, prefetch=AUTOTUNE)
     assert result.best.samples_per_s > 4 * auto.samples_per_s
@@ -185,8 +191,10 @@ def test_threading_options_only_when_the_cores_are_full():
     assert any(t.settings.max_intra_op_parallelism == 1 for t in full.trials)
     assert any(t.settings.private_threadpool_size == 2 for t in full.trials)
     idle = search(cpu_bound, diagnosis=lambda s: fake_diagnosis(cores_used=1.0))
-    assert all(t.settings.max_intra_op_parallelism is None and t.settings.private_threadpool_size is None
-               for t in idle.trials)
+    assert all(t.settings.max_intra_op_parallelism is None for t in idle.trials)
+    # A pool only beside the climb's calls past the cores (4 and 8 here), never one of one per core.
+    assert all(t.settings.private_threadpool_size in (None, t.settings.parallel_calls) for t in idle.trials)
+    assert all(t.settings.private_threadpool_size != 2 for t in idle.trials)
 
 
 def test_without_a_stage_to_parallelise_only_prefetch_and_options_are_tried():
