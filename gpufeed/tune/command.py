@@ -60,8 +60,10 @@ class CommandTrials(TrialRunner):
         self.framework = "pytorch"  # or "tensorflow": the training loop iterated a tf.data pipeline
 
     def __call__(self, settings: LoaderSettings, why: str) -> TrialRun:
-        # The first run is the user's configuration, untouched.
-        overrides = replace(self.target, settings=settings) if self.baseline is not None else None
+        # The first run is the user's configuration, untouched (and so is every run of a tf.data
+        # pipeline's: its settings are all the script's own).
+        overrides = replace(self.target, settings=settings) if self.baseline is not None and settings.to_dict() \
+            else None
         started = (lambda run_dir: self.on_start(settings, why, run_dir)) if self.on_start is not None else None
         out = self.run_trial(overrides, steps=self.distributed_steps, started=started)
         if out.diagnosis is None:  # interrupted, or its record could not be read
