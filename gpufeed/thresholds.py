@@ -144,6 +144,12 @@ TUNE_CORES_FULL_SHARE = 0.90
 TUNE_CAUSE_RETRY_FACTOR = 2.0
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
+# tf.data (gpufeed tune on a TensorFlow script): num_parallel_calls tried on the way up, from 2 (the
+# script's own sequential map is the baseline) to the same per-core cap as workers, since a stage
+# that waits on storage (or a Python call that sleeps) scales past the cores as workers do; the
+# refinement adds the points between. tf.data.AUTOTUNE is always measured beside them.
+TUNE_TF_PARALLEL_LADDER = (2, 4, 8, 16, 32, 64, 128)
+TUNE_TF_PARALLEL_REFINE = (3, 6, 12, 24, 48, 96)
 # A trial with no batch for this long is stopped as hung.
 TUNE_STALL_TIMEOUT_S = 30.0
 # A trial is stopped as failed after start-up + factor x its measured seconds + the stall timeout:

@@ -182,7 +182,10 @@ def _object(spec: dict[str, Check], required: tuple[str, ...] = ()) -> Check:
 
 
 _TUNE_CONFIG = {"num_workers": int | None, "prefetch_factor": int | None, "persistent_workers": bool | None,
-                "pin_memory": bool | None, "worker_threads": int | None}
+                "pin_memory": bool | None, "worker_threads": int | None,
+                # a tf.data tune ("framework": "tensorflow")
+                "parallel_calls": int | None, "prefetch": int | None, "deterministic": bool | None,
+                "private_threadpool_size": int | None, "max_intra_op_parallelism": int | None}
 _TUNE_RUN = {"run_dir": str | None, "samples_per_s": float | None, "status": str, "reason": str | None,
              "elapsed_s": float | None}
 _TUNE_TRIAL = {"id": int, "label": str | None, "why": str | None, "config": _or_none(_object(_TUNE_CONFIG)),
@@ -190,7 +193,7 @@ _TUNE_TRIAL = {"id": int, "label": str | None, "why": str | None, "config": _or_
                "runs": _or_none(_list_of(_TUNE_RUN)), "elapsed_s": float | None}
 _TUNE_SUMMARY = {"config": _or_none(_object(_TUNE_CONFIG)), "samples_per_s": float | None,
                  "spread": float | None, "trial": int | None, "speedup": float | None}
-TUNE_DOC = {"command": list[str], "site": str | None, "baseline": _or_none(_object(_TUNE_SUMMARY)),
+TUNE_DOC = {"command": list[str], "framework": str | None, "site": str | None, "baseline": _or_none(_object(_TUNE_SUMMARY)),
             "best": _or_none(_object(_TUNE_SUMMARY)), "dataloader_kwargs": dict | None,
             "trials": _list_of(_TUNE_TRIAL, ("id",)), "noise": float | None, "budget_s": float | None,
             "elapsed_s": float | None, "stopped": str | None}
