@@ -54,7 +54,8 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float, cuda: b
     if period.host_busy_cores is not None:
         others = min(max(period.host_busy_cores - period.cores_used, 0.0), cpu_count * th.WHATIF_MAX_OTHER_SHARE)
     return Costs(cpu_s=cpu, sleep_s=sleep, handoff_s=handoff, compute_s=compute, receive_s=0.0, main_cpu_s=main,
-                 startup_s=0.0, spawn_s=0.0, batches_per_epoch=batches_per_epoch,
+                 # a live period measures its pool's start-up inside itself: no separate start or stop cost
+                 startup_s=0.0, spawn_s=0.0, stop_s=0.0, batches_per_epoch=batches_per_epoch,
                  samples_per_batch=period.samples_per_s * per_batch, cores=float(cpu_count), other_cores=others,
                  workers=workers, persistent=bool(period.settings.persistent_workers), cuda=cuda)
 
