@@ -236,6 +236,14 @@ WHATIF_HANDOFF_S = 0.0007
 # training processes); a larger process forks slower (page tables are copied).
 WHATIF_WORKER_SPAWN_S = 0.010
 WHATIF_WORKER_STOP_S = 0.007
+# A sampler interval is contended when other programs kept at least this many cores busy while
+# fewer than WHATIF_CONTENDED_IDLE_CORES stayed idle: the job's steps slow down there (1.3 ms alone,
+# 20-25 ms while another program held a core, in bench/what_if.py's storage run of 2026-11-30 on
+# 2 cores), which is the other programs' doing, not the job's cost. Such intervals are left out of
+# the costs while the quiet rest holds at least WHATIF_MIN_QUIET_SHARE of the window.
+WHATIF_CONTENDED_OTHER_CORES = 0.5
+WHATIF_CONTENDED_IDLE_CORES = 0.5
+WHATIF_MIN_QUIET_SHARE = 0.3
 # The least share of the cores the job is taken to get, whatever other programs used during its run.
 WHATIF_MIN_FREE_CORES = 0.25
 # Settings predicted within this share of the fastest are equal; the fewest workers win (the tune's

@@ -92,6 +92,39 @@ def test_a_faster_gpu_raises_the_ceiling_not_the_loader(tmp_path):
     assert fast.predictions[0].limit == LIMIT_WORKERS
 
 
+def test_a_faster_cpu_shrinks_cpu_seconds_not_storage_waits(tmp_path):
+    cpu = run(tmp_path / "cpu", CPU_BOUND, workers=16, persistent=True).predictions[0]
+    fast = answer_run(tmp_path / "cpu" / "run", workers=16, persistent=True, cpu_speedup=2.0).predictions[0]
+    assert fast.limit == LIMIT_CORES and fast.samples_per_s == pytest.approx(2 * cpu.samples_per_s, rel=0.02)
+    assert fast.label.endswith("CPU 2x")
+    # Workers asleep 95 ms of a 100 ms batch: half their 5 ms of CPU saves 2.5%.
+    storage = run(tmp_path / "storage", STORAGE).predictions[0]
+    quicker = answer_run(tmp_path / "storage" / "run", cpu_speedup=2.0).predictions[0]
+    assert storage.limit == LIMIT_WORKERS
+    assert quicker.samples_per_s == pytest.approx(storage.samples_per_s * 1.025, rel=0.01)
+
+
+def test_a_stretch_where_other_programs_held_the_cores_is_left_out_of_the_costs(tmp_path):
+    """On a shared machine another program can slow every step for a while; the costs are the job's
+    own, from the rest of the run, where that leaves enough steps."""
+    from gpufeed.analysis import ranks
+    from gpufeed.analysis.metrics import loader_summaries
+    from gpufeed.analysis.whatif import measure_costs
+    from gpufeed.record.reader import load_run
+
+    record = load_run(write_run(tmp_path / "run", dataclasses.replace(STORAGE, wait_s=0.020)))
+    m, training = ranks.job_metrics(record, loader_summaries(record))
+    assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.010, rel=0.05)
+    half = (m.window_start_t + m.window_end_t) / 2
+    for it in record.iterators:  # the first half's steps 19 ms slower: 1 ms in next(), 29 ms after it
+        slow = it.steps.t_request < half
+        it.steps.t_deliver[slow] = it.steps.t_request[slow] + 0.001
+    assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.0195, rel=0.1)
+    samples = record.samples
+    samples.cpu_pct[samples.t <= half] = 100.0   # ... while every core was busy, mostly not with the job
+    assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.010, rel=0.05)
+
+
 def test_worker_restart_each_epoch_is_amortised(tmp_path):
     short = Scenario(num_workers=2, epochs=10, steps_per_epoch=30, startup_s=0.3, warmup_steps=0, wait_s=0.0005,
                      compute_s=0.010, fetch_wall_s=0.015, fetch_cpu_s=0.002)

@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", type=_positive_number, metavar="C", help="cores the job may use (default: the run's)")
     p.add_argument("--gpu-speedup", type=_positive_number, default=1.0, metavar="X",
                    help="the training step X times faster (a faster GPU); default 1")
+    p.add_argument("--cpu-speedup", type=_positive_number, default=1.0, metavar="X",
+                   help="every CPU second X times shorter (a faster host CPU); default 1")
     p.add_argument("--persistent", action=argparse.BooleanOptionalAction, default=None,
                    help="persistent_workers (default: the run's)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the answer as JSON to FILE")
