@@ -155,11 +155,19 @@ class TfProbe:
         """From the probe's background thread: a call waited past its limit. The trace is read first
         (the steps so far), then the stall is reported as a DataLoader's is."""
         waiting = self.waiting
-        stalled = lifecycle.stalled_wait(self.probe, [waiting] if waiting is not None else [])
+        stalled = lifecycle.stalled_wait(self.probe, [waiting] if waiting is not None else []) \
+            if self.probe is not None else None
         if stalled is None:
             return
-        self.finish()
+        self.finish_quietly()
         lifecycle.report_stall(self.probe, *stalled, tf_call=stalled[1].call)
+
+    def finish_quietly(self) -> None:
+        """``finish`` from the probe's own thread, which must go on flushing whatever it raises."""
+        try:
+            self.finish()
+        except Exception:
+            pass
 
     def _mark_step(self) -> None:
         """A step marker from this tick to the next, as Keras 2 wrote one around each step: with it,
@@ -422,10 +430,7 @@ class _TfProcessProbe(Probe):
 
     def close(self, reason: str = "exit") -> None:
         if self.tf_probe is not None:
-            try:
-                self.tf_probe.finish()
-            except Exception:
-                pass  # the exit event is written whatever the trace gave
+            self.tf_probe.finish_quietly()  # the exit event is written whatever the trace gave
         super().close(reason)
 
     def check_stall(self) -> None:
@@ -435,4 +440,4 @@ class _TfProcessProbe(Probe):
             return
         self.tf_probe.check_stall()
         if os.path.exists(os.path.join(self.run_dir, schema.STOP_MARKER)):
-            self.tf_probe.finish()
+            self.tf_probe.finish_quietly()
