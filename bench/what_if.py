@@ -276,14 +276,17 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep every run's record in DIR")
     parser.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
                         help="score the model on an earlier --keep run's records instead of running anything")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "what_if.md")
+    parser.add_argument("--out", type=Path, help="the results file (default bench/results/what_if.md; "
+                        "with --from, none: scoring old records again must not overwrite the results)")
     args = parser.parse_args()
     if args.from_dir:
         kept = json.loads((args.from_dir / "args.json").read_text())
         kept.pop("workloads", None)  # score the ones asked for
         args.__dict__.update(kept, from_dir=args.from_dir)
-    elif args.fft_rounds is None:
-        args.fft_rounds = max(common.calibrate_fft_rounds(2.0) for _ in range(3))
+    else:
+        args.out = args.out or ROOT / "bench" / "results" / "what_if.md"
+        if args.fft_rounds is None:
+            args.fft_rounds = max(common.calibrate_fft_rounds(2.0) for _ in range(3))
     results = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-whatif-") as tmp:
         root = args.keep or Path(tmp)
@@ -297,7 +300,8 @@ def main() -> None:
                 results.append(from_kept(key, args.from_dir) if args.from_dir else run_workload(key, root / key, args))
             except KeyboardInterrupt:
                 sys.exit("interrupted")
-            args.out.write_text(report(results, args) + "\n")
+            if args.out:
+                args.out.write_text(report(results, args) + "\n")
     print(report(results, args))
 
 
