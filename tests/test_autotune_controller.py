@@ -48,9 +48,9 @@ def batch_time(settings: LoaderSettings, contention_s: float = 0.003) -> tuple[f
 
 def simulate(user: LoaderSettings, memory: HostMemory | None = None, batches: int = 200_000,
              crash_at_workers: int | None = None, cost=lambda settings, controller: batch_time(settings),
-             until=lambda controller: controller.settled is not None) -> tuple[Controller, SimulatedLoader]:
+             until=lambda controller: controller.settled is not None, period_s: float = 0.5) -> tuple[Controller, SimulatedLoader]:
     loader = SimulatedLoader(user)
-    controller = Controller(loader, period_s=0.5, min_batches=10, cpu_count=2, memory=memory or HostMemory(lambda: (None, None)))
+    controller = Controller(loader, period_s=period_s, min_batches=10, cpu_count=2, memory=memory or HostMemory(lambda: (None, None)))
     controller.on_epoch(1)
     t = 0.0
     for _ in range(batches):
@@ -81,6 +81,17 @@ def test_the_search_finds_the_fastest_setting_from_the_live_periods():
     assert loader.settings == controller.settled
     settled = next(e for e in controller.events if e["action"] == "settled")
     assert settled["speedup"] > 1.5  # 40 ms a batch with one worker, 22 ms with four
+
+
+def test_your_settings_cost_one_period_before_the_search_leaves_them():
+    """The search's two runs of your settings (their spread: its first noise) are the two halves of
+    one period, not two periods at the settings it is there to improve."""
+    controller, loader = simulate(LoaderSettings(num_workers=1), period_s=2.0)  # 43 ms a batch: 46 in a period
+    measured = periods(controller)
+    first, second, third = (e["period"] for e in measured[:3])
+    assert first["settings"] == second["settings"] == loader.user.to_dict() != third["settings"]
+    assert first["elapsed_s"] + second["elapsed_s"] < 2.0 * 1.25  # one period, not two
+    assert controller.user_rate == pytest.approx((first["samples_per_s"] + second["samples_per_s"]) / 2, rel=1e-4)
 
 
 def test_never_two_periods_in_a_row_below_the_users_throughput():
