@@ -67,9 +67,16 @@ class _Window:
     worker_cpu0: dict[int, float] = field(default_factory=dict)
     main_cpu0: float | None = None
     host_busy0: float | None = None
+    # The training process's CPU outside next(): from each delivery to the next request (its compute)
+    cpu_delivered: float | None = None
+    compute_cpu_s: float | None = None
 
-    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool) -> None:
+    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool,
+            cpu_request: float | None, cpu_deliver: float) -> None:
         self.seen += 1
+        if self.seen > self.skip and cpu_request is not None and self.cpu_delivered is not None:
+            self.compute_cpu_s = (self.compute_cpu_s or 0.0) + max(cpu_request - self.cpu_delivered, 0.0)
+        self.cpu_delivered = cpu_deliver
         if self.seen <= self.skip:
             self.t0 = t_deliver
             return
@@ -99,6 +106,10 @@ class Period:
     cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
     main_cores: float | None = None  # the training process's CPU over the wall time
     host_busy_cores: float | None = None  # every program's CPU on the host over the wall time (/proc/stat)
+    # the training process's CPU outside next() (its compute: from each delivery to the next
+    # request) over the wall time; what its threads spend while the loop waits inside next()
+    # (spinning, polling) is not a cost per batch, it shrinks with the wait
+    compute_cores: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "label": self.settings.label(),
@@ -108,7 +119,8 @@ class Period:
                 "startup_share": round(self.startup_share, 4),
                 "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
                 "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
-                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3)}
+                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
+                "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3)}
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None, max_workers: int | None = None) -> "_LiveFacts":
         """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``), with the
@@ -173,7 +185,7 @@ class Controller:
             self._thread.start()
 
     def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
-                 batch: Any = None) -> LoaderSettings | None:
+                 batch: Any = None, cpu_request: float | None = None) -> LoaderSettings | None:
         if self._batch_bytes is None and batch is not None:
             self._batch_bytes = batch_bytes(batch) or 0
         first_of_epoch, self._epoch_started = self._epoch_started, False
@@ -194,7 +206,7 @@ class Controller:
             window.worker_cpu0 = _cpu_times(self.loader.worker_pids())
             window.main_cpu0 = time.process_time()
             window.host_busy0 = _host_busy_s()
-        window.add(t_request, t_deliver, samples, first_of_epoch)
+        window.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
         if window.done(self.min_batches):
             self._window = None
             self._answers.put(self._period(window))
@@ -351,7 +363,8 @@ class Controller:
         host = None if host1 is None or window.host_busy0 is None else (host1 - window.host_busy0) / elapsed
         return Period(window.settings, window.samples / elapsed, window.wait_s / elapsed, busy, elapsed,
                       window.batches, window.startup_s / elapsed, cores,
-                      None if main is None else main / elapsed, host)
+                      None if main is None else main / elapsed, host,
+                      None if window.compute_cpu_s is None else window.compute_cpu_s / elapsed)
 
     # -- the record ----------------------------------------------------------------------------------
     def event(self, action: str, **fields: Any) -> None:
