@@ -12,7 +12,11 @@ median wall time of the whole command (interpreter start to exit). A second tabl
 each run delivered and says whether its sequence of indices is the plain run's (same seed).
 
     python bench/autotune.py [--workloads storage,cpu] [--repeats 3] [--epochs 4] [--steps-per-epoch 400]
-                             [--period-s 1] [--trial-seconds 1.5] [--out bench/results/autotune.md]
+                             [--period-s 1] [--trial-seconds 1.5] [--ways autotune,"tune winner"]
+                             [--out bench/results/autotune.md]
+
+``--ways`` runs some of the three only: long runs of autotune against the winner, where your own
+settings would take many minutes (the columns of a way not run read "-").
 
 Goals (issue 16): autotune's wall time within 10% of the tune winner's, never slower than yours by
 more than the noise (the spread of your own runs); delivered samples equal the plain run's exactly.
@@ -51,10 +55,12 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> tuple[float, 
     return wall, done.stderr
 
 
-def _delivered(record: Path) -> tuple[int, str]:
+def _delivered(record: Path) -> tuple[int, str, bool]:
+    """Samples delivered, a digest of their sequence, and whether each epoch had every sample once."""
     data = json.loads(record.read_text())
     count = sum(len(epoch) for epoch in data["delivered"])
-    return count, hashlib.sha256(json.dumps(data["delivered"]).encode()).hexdigest()[:12]
+    once = all(sorted(epoch) == list(range(len(epoch))) for epoch in data["delivered"])
+    return count, hashlib.sha256(json.dumps(data["delivered"]).encode()).hexdigest()[:12], once
 
 
 def bench(key: str, args: argparse.Namespace, work: Path) -> dict:
@@ -73,18 +79,19 @@ def bench(key: str, args: argparse.Namespace, work: Path) -> dict:
         "autotune": ([PY, "-m", "gpufeed", "run", "--autotune", "--"], env),
         "tune winner": ([PY, "-m", "gpufeed", "run", "--config", str(tune_dir / "best-config.json"), "--"], None),
     }
+    ways = [way for way in WAYS if way in args.ways]
     runs: dict[str, list[dict]] = {way: [] for way in WAYS}
     for repeat in range(args.repeats):
-        order = WAYS[repeat % 3:] + WAYS[:repeat % 3]
+        order = ways[repeat % len(ways):] + ways[:repeat % len(ways)]
         for way in order:
             record = work / f"{key}-{way.replace(' ', '-')}-{repeat}.json"
             prefix, way_env = commands[way]
             wall, stderr = _run([*prefix, *script, "--epochs", str(args.epochs), "--record", str(record)], way_env)
-            count, digest = _delivered(record)
+            count, digest, once = _delivered(record)
             settled = re.findall(r"settled on (.+?)(?:,| after|$)", stderr, re.M)
             switches = stderr.count("gpufeed autotune: switched to")
             periods = re.findall(r"settled on .* after (\d+) periods", stderr)
-            runs[way].append({"wall_s": wall, "samples": count, "digest": digest,
+            runs[way].append({"wall_s": wall, "samples": count, "digest": digest, "once": once,
                               "settled": settled[-1] if settled else None, "switches": switches,
                               "periods": int(periods[0]) if periods else None})
             print(f"{key} {way:12} repeat {repeat}: {wall:6.1f} s, {count} samples, {digest}"
@@ -94,8 +101,16 @@ def bench(key: str, args: argparse.Namespace, work: Path) -> dict:
             "load": (load_before, os.getloadavg()[0])}
 
 
-def _median(runs: list[dict]) -> float:
-    return statistics.median(r["wall_s"] for r in runs)
+def _median(runs: list[dict]) -> float | None:
+    return statistics.median(r["wall_s"] for r in runs) if runs else None
+
+
+def _s(value: float | None, unit: str = " s", spec: str = ".1f") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a / b:.2f}"
 
 
 def tables(results: list[dict], args: argparse.Namespace, command: str) -> str:
@@ -110,27 +125,32 @@ def tables(results: list[dict], args: argparse.Namespace, command: str) -> str:
     for r in results:
         yours, auto, best = (_median(r["runs"][w]) for w in WAYS)
         walls = [x["wall_s"] for x in r["runs"]["yours"]]
-        noise = (max(walls) - min(walls)) / statistics.median(walls)
+        noise = (max(walls) - min(walls)) / statistics.median(walls) if walls else None
         settled = sorted({x["settled"] or "-" for x in r["runs"]["autotune"]})
         switches = [x["switches"] for x in r["runs"]["autotune"]]
         periods = ", ".join(str(x["periods"]) if x["periods"] else "-" for x in r["runs"]["autotune"])
         winner = r["winner"]["settings"]
         label = " ".join(f"{k}={v}" for k, v in winner.items())
-        lines.append(f"| {r['title']} | {yours:.1f} s | {auto:.1f} s | {best:.1f} s | {auto / best:.2f} | "
-                     f"{auto / yours:.2f} | {noise:.0%} | {', '.join(settled)} | {periods} | {statistics.median(switches):g} "
-                     f"| {label} | {r['tune_s']:.0f} s |")
+        lines.append(f"| {r['title']} | {_s(yours)} | {_s(auto)} | {_s(best)} | {_ratio(auto, best)} | "
+                     f"{_ratio(auto, yours)} | {_s(noise, '', '.0%')} | {', '.join(settled)} | {periods or '-'} | "
+                     f"{format(statistics.median(switches), 'g') if switches else '-'} | {label} | {r['tune_s']:.0f} s |")
     lines += ["", f"Conditions: {os.cpu_count()} cores shared with other engineers' runs; 1-minute load average "
                   "before and after each workload: " + ", ".join(f"{r['key']} {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
                                                                  for r in results) + "."]
     lines += ["", "Samples delivered per run (each repeat), and whether the sequence of sample indices is the "
                   "plain run's (yours, same seed):", "",
-              "| workload | way | samples delivered | plain run | identical sequence |", "|---|---|---|---|---|"]
+              "| workload | way | samples delivered | plain run | identical sequence | each epoch every sample once |",
+              "|---|---|---|---|---|---|"]
     for r in results:
-        plain = r["runs"]["yours"][0]
+        plain = r["runs"]["yours"][0] if r["runs"]["yours"] else None  # not run: nothing to compare the order with
         for way in WAYS:
+            if not r["runs"][way]:
+                continue
             counts = ", ".join(str(x["samples"]) for x in r["runs"][way])
-            same = sum(x["digest"] == plain["digest"] for x in r["runs"][way])
-            lines.append(f"| {r['key']} | {way} | {counts} | {plain['samples']} | {same} of {len(r['runs'][way])} |")
+            same = "-" if plain is None else f"{sum(x['digest'] == plain['digest'] for x in r['runs'][way])} of {len(r['runs'][way])}"
+            once = sum(x["once"] for x in r["runs"][way])
+            lines.append(f"| {r['key']} | {way} | {counts} | {plain['samples'] if plain else '-'} | {same} | "
+                         f"{once} of {len(r['runs'][way])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -142,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps-per-epoch", type=int, default=400)
     p.add_argument("--period-s", type=float, default=1.0)
     p.add_argument("--trial-seconds", type=float, default=1.5)
+    p.add_argument("--ways", default=",".join(WAYS), help="which of the three to run (comma-separated)")
     p.add_argument("--out", type=Path, default=None, help="append the tables to this Markdown file")
     args = p.parse_args(argv)
+    args.ways = [way.strip() for way in args.ways.split(",")]
+    if not args.ways or set(args.ways) - set(WAYS):
+        p.error(f"--ways: some of {', '.join(WAYS)}")
     command = "python bench/autotune.py " + " ".join(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="gpufeed-bench-autotune-") as tmp:
         results = [bench(key, args, Path(tmp)) for key in args.workloads.split(",")]

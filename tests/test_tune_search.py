@@ -307,6 +307,20 @@ def test_no_workers_is_tried_only_when_the_cores_are_full():
     assert 0 not in {s.num_workers or 0 for s in idle.runs}
 
 
+def test_no_workers_is_not_tried_when_the_workers_sleep_through_their_batches():
+    # Storage-bound, the cores full of the training process and pickling, yet each worker asleep
+    # 95% of its batch: without workers the training process would sleep through every sample.
+    def asleep(s):
+        d = fake_diagnosis(cores_used=1.95, cpu_ratio=0.05, data_wait=0.6)
+        d.metrics.worker_running_share = None
+        return d
+
+    workload = Workload(storage_bound, noise=0.0, diagnosis=asleep)
+    result = run_search(workload, start(2))
+    assert 0 not in {s.num_workers or 0 for s in workload.runs}
+    assert result.best.settings.num_workers == 32
+
+
 def with_model(workers, persistent=False, **kw):
     """A diagnosis whose what-if model predicts ``workers`` (and ``persistent``) fastest."""
     diagnosis = fake_diagnosis(**kw)

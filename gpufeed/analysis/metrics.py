@@ -27,6 +27,7 @@ from gpufeed.record import schema
 from gpufeed.record.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord
 from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
+from gpufeed.settings import LoaderSettings
 
 RUNNING = "running"
 
@@ -128,6 +129,10 @@ class Metrics:
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
     workers_needed: int | None = None            # workers that would keep up with the step, by rate
+    # --autotune changed the loader's settings during the run: {"from": your settings, "to": those in
+    # force at the end, "switches": n} (labels as ``LoaderSettings.label``). The loader's settings
+    # above (num_workers, prefetch_factor, the training loader's config) are then those at the end.
+    autotuned: dict[str, Any] | None = None
     # several ranks (torchrun, or any launcher setting RANK): see ``analysis/ranks.py``. Then
     # ``samples_per_s`` is the job's (all ranks) and the other step and loader numbers are the
     # focus rank's: the one whose loader held the job back most.
@@ -171,7 +176,7 @@ def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
     for (pid, _where, role), its in groups.items():
         steps = StepRows.concat(it.steps for it in its)
         summaries.append(LoaderSummary(
-            pid=pid, loader_id=its[0].loader_id, config=asdict(its[0].config), iterators=len(its),
+            pid=pid, loader_id=its[0].loader_id, config=asdict(in_force(its)), iterators=len(its),
             steps=len(steps), samples=int(np.nansum(steps.samples)) if len(steps) else 0,
             data_wait_s=float(steps.wait.sum()) if len(steps) else 0.0,
             startup_s=sum(_startup_s(it) or 0.0 for it in its),
@@ -200,6 +205,28 @@ def marked_training(loaders: list[LoaderSummary]) -> LoaderSummary | None:
     return next((s for s in loaders if s.training), None)
 
 
+def in_force(its: list[IteratorRecord]) -> schema.LoaderConfig:
+    """The loader's settings at the end of the run: its last iterator's, or under ``--autotune`` that
+    iterator's last worker pool's (``record/pools.py``), so that the findings' fixes are relative
+    to what ran last, not to the settings the run started with."""
+    last = its[-1]
+    return (last.pools or [last])[-1].config
+
+
+def autotuned(record: RunRecord, pid: int) -> dict[str, Any] | None:
+    """From which settings to which ``--autotune`` took the process's training loader; None when it
+    did not run (or its start is not in the record)."""
+    events = [ev for ev in record.autotune if ev.get("pid") == pid]
+    start = next((ev for ev in events if ev.get("action") == "start"), None)
+    switches = [ev for ev in events if ev.get("action") == "switch"]
+    try:
+        first = LoaderSettings.from_dict(start["user"])
+        last = LoaderSettings.from_dict(switches[-1]["new"]) if switches else first
+    except (KeyError, TypeError, ValueError):  # no start, or a damaged event: not said rather than guessed
+        return None
+    return {"from": first.label(), "to": last.label(), "switches": len(switches)}
+
+
 def _startup_s(it: IteratorRecord) -> float | None:
     """Creation of the iterator (workers start) to its first batch."""
     return float(it.steps.t_deliver[0] - it.t_created) if len(it.steps) else None
@@ -216,6 +243,7 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
         its = [it for it in record.iterators if training.owns(it)]
         window = _step_metrics(m, record, its)
         _loader_metrics(m, record, training, its, window)
+        m.autotuned = autotuned(record, training.pid)
         if window is not None:
             m.window_start_t, m.window_end_t = window
     if window is None and len(record.samples):
@@ -334,7 +362,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[IteratorRecord],
                     window: tuple[float, float] | None) -> None:
-    cfg = its[0].config
+    cfg = in_force(its)
     m.num_workers, m.prefetch_factor, m.iterators = cfg.num_workers, cfg.prefetch_factor, len(its)
     startups = [s for s in (_startup_s(it) for it in its) if s is not None]
     m.worker_startup_s = float(sum(startups)) if startups else None

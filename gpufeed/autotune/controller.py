@@ -6,6 +6,8 @@ thread of its own, and each of its trials is one *decision period* of the real t
 those settings instead of a separate short run of the command. The controller adds what an online
 tuner needs on top, and nothing the search already decides:
 
+- the search's two runs of the user's settings (their spread is its first noise estimate) are the
+  two halves of one period: one period, not two, at the settings it is there to improve;
 - each period's facts carry the what-if model's best setting, predicted from the period itself
   (``model.py``): the search measures it first and climbs from there when it is faster, as ``tune``
   does from the run of the user's configuration;
@@ -54,6 +56,7 @@ class _Window:
     settings: LoaderSettings
     why: str
     skip: int                       # batches the pool may have made ahead (prefetched) before it counts
+    period_s: float                 # how long it lasts (at least)
     seen: int = 0
     t0: float | None = None
     t_last: float | None = None
@@ -64,9 +67,16 @@ class _Window:
     worker_cpu0: dict[int, float] = field(default_factory=dict)
     main_cpu0: float | None = None
     host_busy0: float | None = None
+    # The training process's CPU outside next(): from each delivery to the next request (its compute)
+    cpu_delivered: float | None = None
+    compute_cpu_s: float | None = None
 
-    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool) -> None:
+    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool,
+            cpu_request: float | None, cpu_deliver: float) -> None:
         self.seen += 1
+        if self.seen > self.skip and cpu_request is not None and self.cpu_delivered is not None:
+            self.compute_cpu_s = (self.compute_cpu_s or 0.0) + max(cpu_request - self.cpu_delivered, 0.0)
+        self.cpu_delivered = cpu_deliver
         if self.seen <= self.skip:
             self.t0 = t_deliver
             return
@@ -77,9 +87,9 @@ class _Window:
             self.startup_s += t_deliver - t_request
         self.t_last = t_deliver
 
-    def done(self, period_s: float, min_batches: int) -> bool:
+    def done(self, min_batches: int) -> bool:
         return (self.t_last is not None and self.batches >= min_batches
-                and self.t_last - self.t0 >= period_s)
+                and self.t_last - self.t0 >= self.period_s)
 
 
 @dataclass
@@ -96,6 +106,10 @@ class Period:
     cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
     main_cores: float | None = None  # the training process's CPU over the wall time
     host_busy_cores: float | None = None  # every program's CPU on the host over the wall time (/proc/stat)
+    # the training process's CPU outside next() (its compute: from each delivery to the next
+    # request) over the wall time; what its threads spend while the loop waits inside next()
+    # (spinning, polling) is not a cost per batch, it shrinks with the wait
+    compute_cores: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "label": self.settings.label(),
@@ -105,7 +119,8 @@ class Period:
                 "startup_share": round(self.startup_share, 4),
                 "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
                 "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
-                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3)}
+                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
+                "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3)}
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None, max_workers: int | None = None) -> "_LiveFacts":
         """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``), with the
@@ -147,13 +162,13 @@ class Controller:
         self.clock = clock
         self.events: list[dict[str, Any]] = []
         self._log = log
-        self._asks: queue.Queue = queue.Queue()        # (settings, why) from the search thread
+        self._asks: queue.Queue = queue.Queue()        # (settings, why, period_s) from the search thread
         self._answers: queue.Queue = queue.Queue()     # Period | str (why it failed)
         self._window: _Window | None = None
         self._crashed_workers: int | None = None       # no setting with this many workers again
         self._epoch_started = False                    # the next batch is an epoch's first
         self._search = None
-        self._ready: dict[LoaderSettings, Period] = {}  # a period already measured, for the search's next trial of it
+        self._ready: dict[LoaderSettings, list[Period]] = {}  # periods already measured, for the search's next trials of them
         self.user_rate: float | None = None            # the user's settings' measured samples/s
         self.settled: LoaderSettings | None = None
         self._batch_bytes: int | None = None
@@ -170,19 +185,19 @@ class Controller:
             self._thread.start()
 
     def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
-                 batch: Any = None) -> LoaderSettings | None:
+                 batch: Any = None, cpu_request: float | None = None) -> LoaderSettings | None:
         if self._batch_bytes is None and batch is not None:
             self._batch_bytes = batch_bytes(batch) or 0
         first_of_epoch, self._epoch_started = self._epoch_started, False
         window = self._window
         if window is None:
             try:
-                settings, why = self._asks.get_nowait()
+                settings, why, period_s = self._asks.get_nowait()
             except queue.Empty:
                 return None
             switching = settings != self.loader.settings
             pool = settings.num_workers * (settings.prefetch_factor or 0) if settings.num_workers else 0
-            window = self._window = _Window(settings, why, skip=max(1, pool) if switching else 1)
+            window = self._window = _Window(settings, why, skip=max(1, pool) if switching else 1, period_s=period_s)
             if switching:
                 return settings  # measured from the new pool's batches on
         if source != window.settings:
@@ -191,8 +206,8 @@ class Controller:
             window.worker_cpu0 = _cpu_times(self.loader.worker_pids())
             window.main_cpu0 = time.process_time()
             window.host_busy0 = _host_busy_s()
-        window.add(t_request, t_deliver, samples, first_of_epoch)
-        if window.done(self.period_s, self.min_batches):
+        window.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
+        if window.done(self.min_batches):
             self._window = None
             self._answers.put(self._period(window))
         return None
@@ -220,31 +235,37 @@ class Controller:
         """Your settings first; search while the loop waits for data; settle on the winner and watch
         it; search again from it when it falls clearly below what it measured (the best setting moved)."""
         user = self.loader.user
-        first = self._measure(user, "your settings")
-        if isinstance(first, str):
+        # Your settings for one period, measured as two halves: the search's two runs of them (their
+        # spread is its first noise estimate) at the cost of one period at the settings to improve.
+        halves = [self._measure(user, f"your settings ({which} half of a period)", period_s=self.period_s / 2)
+                  for which in ("first", "second")]
+        if any(isinstance(half, str) for half in halves):
             return
-        self.user_rate = first.samples_per_s
-        settings = user
-        while first is not None and self._until_the_loop_waits(first, settings):
+        self.user_rate = sum(half.samples_per_s for half in halves) / len(halves)
+        settings, first = user, halves
+        while first and self._until_the_loop_waits(first, settings):
             settled = self._search_from(settings)
             if settled is None:
                 return
             settings, rate, noise = settled
-            first = self._watch(settings, rate, noise)
+            watched = self._watch(settings, rate, noise)
+            first = [watched] if watched is not None else []
 
-    def _until_the_loop_waits(self, period: "Period", settings: LoaderSettings) -> bool:
-        """Measure quietly until a period waits for data (False: the loop could not be measured). That
-        period is the search's first run of ``settings``: one period less at settings to be improved."""
-        if period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
-            self._ready = {settings: period}
+    def _until_the_loop_waits(self, periods: list["Period"], settings: LoaderSettings) -> bool:
+        """Measure quietly until the loop waits for data (False: the loop could not be measured). The
+        periods that show it are the search's first runs of ``settings``: fewer at settings to improve."""
+        wait = sum(p.wait_share for p in periods) / len(periods)
+        if wait >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
+            self._ready = {settings: list(periods)}
             return True
-        self.event(HOLD, why=f"the loop waited for data {period.wait_share:.1%} of the period "
-                             f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=period.to_dict())
+        self.event(HOLD, why=f"the loop waited for data {wait:.1%} of the period "
+                             f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=periods[-1].to_dict())
+        period: Period | str = periods[-1]
         while not isinstance(period, str) and period.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
             period = self._measure(settings, "watching: the loop did not wait for data", log=False)
         if isinstance(period, str):
             return False
-        self._ready = {settings: period}
+        self._ready = {settings: [period]}
         return True
 
     def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, float, float] | None:
@@ -291,7 +312,8 @@ class Controller:
         if refusal is not None:
             self.event(REFUSED, settings=settings.to_dict(), label=settings.label(), why=refusal)
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=refusal)
-        period = self._ready.pop(settings, None) or self._measure(settings, why)
+        ready = self._ready.get(settings)
+        period = ready.pop(0) if ready else self._measure(settings, why)
         if isinstance(period, str):
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=period)
         noise = self._search.noise if self._search is not None else th.TUNE_NOISE_FLOOR
@@ -317,9 +339,10 @@ class Controller:
         return self.memory.refusal(extra)
 
     def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED,
-                 log: bool = True) -> "Period | str":
-        """Ask the training loop for a period with ``settings``; wait for it (this thread only)."""
-        self._asks.put((settings, why))
+                 log: bool = True, period_s: float | None = None) -> "Period | str":
+        """Ask the training loop for a period with ``settings`` (of ``period_s``, default the period);
+        wait for it (this thread only)."""
+        self._asks.put((settings, why, period_s or self.period_s))
         answer = self._answers.get()
         if log and isinstance(answer, Period):
             self.event(action, why=why, period=answer.to_dict())
@@ -340,7 +363,8 @@ class Controller:
         host = None if host1 is None or window.host_busy0 is None else (host1 - window.host_busy0) / elapsed
         return Period(window.settings, window.samples / elapsed, window.wait_s / elapsed, busy, elapsed,
                       window.batches, window.startup_s / elapsed, cores,
-                      None if main is None else main / elapsed, host)
+                      None if main is None else main / elapsed, host,
+                      None if window.compute_cpu_s is None else window.compute_cpu_s / elapsed)
 
     # -- the record ----------------------------------------------------------------------------------
     def event(self, action: str, **fields: Any) -> None:

@@ -12,8 +12,9 @@ instead of a record:
   on a core and ``s`` not (storage, sleep);
 - without workers, the batch is made inside ``next()``: its time there, split into CPU and the rest
   by the training process's share of time on a core;
-- the training process's CPU ``m`` per batch, and the cores other programs used (``/proc/stat``'s
-  busy time less the job's).
+- the training process's CPU ``m`` per batch (with workers: outside ``next()``, its compute; what its
+  threads spend while the loop waits inside it shrinks with the wait), and the cores other programs
+  used (``/proc/stat``'s busy time less the job's).
 
 What the totals cannot give (start-up per epoch, the spread over batches) is left out: the model then
 ties persistent and non-persistent workers, and the search's own fixes decide persistence as in
@@ -38,12 +39,16 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float, cuda: b
     workers = period.settings.num_workers or 0
     compute = per_batch * (1.0 - period.wait_share)
     main = period.main_cores * per_batch
+    outside = None if period.compute_cores is None else period.compute_cores * per_batch  # CPU outside next()
     if workers:
         if period.worker_busy is None:
             return None  # the pool changed during the period: its CPU is not known
         cpu = max(period.cores_used - period.main_cores, 0.0) * per_batch
         sleep = max(workers * per_batch - cpu, 0.0)
         handoff = 0.0  # in the pool's CPU already
+        # The training process's CPU per batch is its compute's: what its threads spent while the loop
+        # waited inside next() (spinning, polling) shrinks with the wait, and would cap the cores wrongly.
+        main = min(main, outside) if outside is not None else main
     else:
         made = per_batch * period.wait_share
         cpu = made * min(period.main_cores, 1.0)

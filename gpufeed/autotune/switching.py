@@ -52,7 +52,8 @@ class Listener(Protocol):
     """What drives the switches: told about every batch and every switch, it may ask for new settings."""
 
     def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
-                 batch: Any) -> LoaderSettings | None: ...
+                 batch: Any, cpu_request: float | None = None) -> LoaderSettings | None: ...
+    # (``cpu_request``: the process's CPU seconds at the request, ``time.process_time()``)
 
     def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None: ...
 
@@ -287,7 +288,7 @@ class _Epoch:
         owner = self.owner
         if owner.pending is not None and self.draining is None and not owner.iterable:
             self._begin_switch()
-        t_request = time.perf_counter()
+        t_request, cpu_request = time.perf_counter(), time.process_time()
         while True:
             iterator, feed, source = self.draining or (self.current, self.feed, owner.settings)
             try:
@@ -308,7 +309,7 @@ class _Epoch:
         samples = self._count(feed, batch)
         owner.samples_delivered += samples
         if owner.listener is not None:
-            wanted = owner.listener.on_batch(t_request, t_deliver, samples, source, batch)
+            wanted = owner.listener.on_batch(t_request, t_deliver, samples, source, batch, cpu_request)
             if wanted is not None:
                 owner.request(wanted)
         return batch

@@ -63,8 +63,19 @@ def numbers_table(d: Diagnosis) -> Table:
             workers = f"num_workers=0: batches made in the training process ({fmt(m.fetch_ms_per_batch_p50, '.0f', ' ms')} each)"
         if m.worker_startup_s is not None:
             workers += f" · start-up {m.worker_startup_s:.2f} s ({fmt(m.worker_startup_share, '.0%')})"
-        table.add_row("Loader", workers)
+        table.add_row("Loader", autotuned_sentence(m) + workers)
     return table
+
+
+def autotuned_sentence(m: Metrics) -> str:
+    """"autotuned from w1 p2 to w8 p4 persistent (6 switches) · ": --autotune changed the loader, and
+    the figures after it describe the settings it ended with."""
+    a = m.autotuned
+    if a is None:
+        return ""
+    if not a["switches"]:
+        return f"autotuned: kept {a['from']} (no switch) · "
+    return f"autotuned from {a['from']} to {a['to']} ({a['switches']} switch{'es' if a['switches'] > 1 else ''}) · "
 
 
 def gpus_named(m: Metrics) -> str:
