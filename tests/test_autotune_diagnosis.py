@@ -35,9 +35,12 @@ def test_an_autotuned_run_is_described_by_the_settings_it_ended_with(tmp_path):
     text = _said(d)
     assert "autotuned from w2 p2 to w6 p2 (4 switches)" in text
     assert "6 workers" in text
+    # The what-if model's costs would mix five settings: it says so instead of predicting.
+    assert d.what_if.cannot_predict.startswith("--autotune changed the settings 4 times during the run")
 
 
 def test_a_run_without_autotune_is_described_by_its_own_settings(tmp_path):
     d = analyze(write_run(tmp_path / "run", dataclasses.replace(STORAGE_AUTOTUNED, autotune_pools=1)))
     assert d.metrics.num_workers == 2 and d.metrics.autotuned is None
+    assert d.what_if.cannot_predict is None
     assert "autotuned" not in _said(d)

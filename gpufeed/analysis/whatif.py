@@ -158,6 +158,10 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         raise CannotPredict("several ranks: the model covers one training process")
     if m.steps < th.WHATIF_MIN_STEPS or m.window_start_t is None or not m.wall_s:
         raise CannotPredict(f"too few steps measured ({m.steps}; the model needs {th.WHATIF_MIN_STEPS})")
+    if m.autotuned and m.autotuned.get("switches"):
+        raise CannotPredict(f"--autotune changed the settings {m.autotuned['switches']} times during the run "
+                            f"({m.autotuned['from']} to {m.autotuned['to']}), so its costs mix them; predict "
+                            "from a run at fixed settings")
     if m.samples_unknown:
         raise CannotPredict(f"the samples of its batches are not counted ({m.samples_unknown})")
     t0, t1 = m.window_start_t, m.window_end_t
