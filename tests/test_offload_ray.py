@@ -162,21 +162,24 @@ def _ray_processes() -> set[int]:
 
 
 def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_running(tmp_path):
-    """`gpufeed diagnose --offload ray` with the embedded default: a local Ray started inside the
-    training process, its batches measured by the probe, and everything gone at the end."""
+    """`gpufeed diagnose --offload ray --report` with the embedded default: a local Ray started inside
+    the training process, its batches measured by the probe, the loader config flagged as offloaded
+    (so the analysis does not read the script's num_workers=2 as local workers), the report's Ray
+    section drawn from the record, and everything gone at the end."""
     import glob
     import json
     import subprocess
     import sys
     from pathlib import Path
 
+    from tests.browser import Chromium
     from tests.test_cli import assert_nothing_left_running
     needs.library("ray")
     script = str(Path(__file__).parent / "workloads" / "offload" / "train.py")
     before = _ray_processes()
     done = subprocess.run([sys.executable, "-m", "gpufeed", "diagnose", "--offload", "ray", "--out", str(tmp_path / "run"),
-                           "--json", str(tmp_path / "diag.json"), "--warmup", "2", "--", sys.executable, script,
-                           "--out", str(tmp_path / "batches.json"), "--samples", "400", "--epochs", "1"],
+                           "--json", str(tmp_path / "diag.json"), "--warmup", "2", "--report", "--", sys.executable,
+                           script, "--out", str(tmp_path / "batches.json"), "--samples", "1200", "--epochs", "1"],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert_nothing_left_running(script)
@@ -184,8 +187,33 @@ def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_run
     events = [json.loads(line) for path in glob.glob(str(tmp_path / "run" / "events" / "*.jsonl"))
               for line in open(path)]
     offload = sorted((e for e in events if e["kind"] == "offload"), key=lambda e: e["t"])
-    assert offload and offload[-1]["batches"] == 50 and offload[-1]["latency_ms_p50"] > 0
+    assert offload and offload[-1]["batches"] == 150 and offload[-1]["latency_ms_p50"] > 0
+    assert [e["batches"] for e in offload] == [64, 128, 150]  # every 64 batches, and at the end
     diagnosis = json.loads((tmp_path / "diag.json").read_text())
     assert diagnosis["metrics"]["steps"] > 0  # the probe measured the offloaded iterator's steps
     # Ray's own worker processes were not measured as if they were training processes.
     assert {e["pid"] for e in events if e["kind"] == "process"} == {e["pid"] for e in offload}
+
+    # The loader config says the batches were made on Ray, by the workers that started (2 CPUs here).
+    (iterator,) = [e for e in events if e["kind"] == "iterator"]
+    assert iterator["config"]["num_workers"] == 2 and iterator["worker_pids"] == []
+    assert iterator["config"]["offload"] == {"backend": "ray", "workers": offload[-1]["workers"], "nodes": 1,
+                                             "address": None}
+    m = diagnosis["metrics"]
+    assert m["offload"]["batches"] == 150 and m["offload"]["by_node"] == offload[-1]["by_node"]
+    assert m["fetch_ms_per_batch_p50"] is None and m["worker_fetch_cpu_ratio"] is None  # no local worker
+    local = {"too_few_workers", "cpu_saturated", "storage_latency", "too_many_workers", "thread_oversubscription",
+             "worker_restart", "input_wait"}
+    assert local & {f["id"] for f in diagnosis["findings"]} == set()
+    assert "Ray workers (--offload)" in diagnosis["what_if"]["cannot_predict"]
+    assert "Offload" in done.stdout and "150 batches made by" in done.stdout
+
+    # The report draws the Ray side from the record: batches per node, latency between the records.
+    with Chromium(needs.tool("chromium", "chromium-browser")) as browser:
+        session, page = browser.open(tmp_path / "run" / "report.html")
+        assert page.errors == [], page.errors
+        drawn = browser.evaluate(session, "DATA.runs[0].offload")
+        ids = browser.evaluate(session, "charts.map(([u, el]) => el.id)")
+    assert drawn["batches"] == list(offload[-1]["by_node"].values())
+    assert drawn["latency_ms"] == [e["recent_latency_ms_p50"] for e in offload]
+    assert {"run-0-offload-nodes", "run-0-offload-latency"} <= set(ids)

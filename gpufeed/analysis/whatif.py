@@ -149,6 +149,9 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         raise CannotPredict(f"too few steps measured ({m.steps}; the model needs {th.WHATIF_MIN_STEPS})")
     if m.samples_unknown:
         raise CannotPredict(f"the samples of its batches are not counted ({m.samples_unknown})")
+    if m.offload is not None:  # its num_workers made none of them: the model's workers are local processes
+        raise CannotPredict(f"its batches were made by {m.offload.workers} Ray workers (--offload), not by local "
+                            "DataLoader workers on this host, and the model covers local workers only")
     t0, t1 = m.window_start_t, m.window_end_t
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = StepRows.concat(it.steps for it in its)

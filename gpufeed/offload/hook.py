@@ -97,6 +97,7 @@ class _Offload:
         self.lost = False
         self.stats = Stats(on_progress=self.record)
         self.said_local: set[str] = set()
+        self.recorded = 0  # batches whose latency an `offload` event has summed up already
 
     def wants(self, loader: Any, frame: Any) -> bool:
         """Whether this iterator is offloaded: a training loader over a map-style dataset."""
@@ -127,8 +128,18 @@ class _Offload:
             nodes = {s.node_id for s in self.pool.usable()}
             self.note(f"the training DataLoader's batches are made by {len(self.pool.usable())} Ray workers on "
                       f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} of {self.settings.where()}")
-        return RayBatches(loader, self.pool, self.stats, say, self._lost,
-                          self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
+        iterator = RayBatches(loader, self.pool, self.stats, say, self._lost,
+                              self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
+        # The probe records it as the loader config's `offload` (docs/run-record.md): the analysis then
+        # knows the batches were made on Ray, not by the num_workers the config still names.
+        iterator._gpufeed_offload = self.flag()
+        return iterator
+
+    def flag(self) -> dict[str, Any]:
+        """What made the batches: the engine, its workers and nodes, and the cluster (None: a local Ray)."""
+        usable = self.pool.usable()
+        return {"backend": self.settings.engine, "workers": len(usable),
+                "nodes": len({s.node_id for s in usable}), "address": self.settings.address}
 
     def _lost(self) -> None:
         self.lost = True
@@ -155,7 +166,10 @@ class _Offload:
         probe = _active_probe()
         if probe is not None:
             import time
-            probe.event("offload", t=time.perf_counter(), **self.summary())
+            # The latency of the batches since the last event too: the report draws it over time.
+            recent = self.stats.latency_s[self.recorded:]
+            self.recorded = len(self.stats.latency_s)
+            probe.event("offload", t=time.perf_counter(), **self.summary(), recent_latency_ms_p50=_ms(recent))
 
     def close(self) -> None:
         if self.stats.batches:
