@@ -142,16 +142,38 @@ def test_lost_cluster_falls_back_to_local_workers_from_the_first_batch_not_deliv
 
 def test_batches_are_pinned_where_the_loader_asks(offloaded, monkeypatch):
     """No accelerator here, so torch turns pin_memory off (as it does for its own iterators): the
-    iterator is told it has one, and torch's pin function is recorded instead of run."""
+    iterator is told it has one, and torch's pin function is recorded instead of run. The batches
+    are received and pinned on a thread of their own (as torch's pin-memory thread), delivered in
+    the sampler's order, and the thread ends with the epoch."""
+    import threading
+
     from gpufeed.offload import iterator as offload_iterator
     pinned = []
     monkeypatch.setattr(offload_iterator.torch_pin, "pin_memory",
-                        lambda data, device: pinned.append(device) or ("pinned", data))
+                        lambda data, device: pinned.append((device, threading.current_thread().name)) or ("pinned", data))
     offloaded()
-    it = iter(_loader(Augmented(n=8), pin_memory=True))
+    it = iter(_loader(Augmented(n=24), pin_memory=True, shuffle=False))
     it._pin_memory, it._pin_memory_device = True, "cuda"
     batches = list(it)
-    assert len(batches) == 2 and all(b[0] == "pinned" for b in batches) and pinned == ["cuda", "cuda"]
+    assert [b[0] for b in batches] == ["pinned"] * 6
+    assert [b[1][0].tolist() for b in batches] == [list(range(i, i + 4)) for i in range(0, 24, 4)]
+    assert pinned == [("cuda", "gpufeed-offload-pin")] * 6  # each batch once, off the loop's thread
+    assert it._receiver is None and not any(t.name == "gpufeed-offload-pin" for t in threading.enumerate())
+
+
+def test_a_worker_killed_mid_batch_while_the_thread_pins_loses_nothing(offloaded, monkeypatch, tmp_path):
+    """The receiving thread gets the dead worker's error; the loop sends its batches again; the thread
+    forgets the old references and receives the new ones: each batch once, in the sampler's order."""
+    from gpufeed.offload import iterator as offload_iterator
+    monkeypatch.setattr(offload_iterator.torch_pin, "pin_memory", lambda data, device: ("pinned", data))
+    plain = [i for i, _ in _epochs(_loader(Augmented()), epochs=1)]
+    state = offloaded()
+    torch.manual_seed(7)
+    it = iter(_loader(Augmented(kill_at=13, marker=str(tmp_path / "killed"))))
+    it._pin_memory, it._pin_memory_device = True, "cuda"
+    got = [batch[1][0].tolist() for batch in it]
+    assert (tmp_path / "killed").exists() and state.stats.workers_lost == 1
+    assert got == plain
 
 
 def _ray_processes() -> set[int]:

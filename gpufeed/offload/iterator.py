@@ -14,10 +14,15 @@ order, each exactly once:
 - every worker lost and none back within ``OFFLOAD_LOST_AFTER_S``: the rest of the epoch, starting
   with the first batch not delivered, is made by local workers (the loader's own settings), with
   a warning; later epochs stay local.
+
+Where the loader asks for pinned memory (``pin_memory=True`` and an accelerator), the batches are
+received and pinned on a thread of their own (``pinning.Receiver``), as torch's multi-process
+iterator pins in its pin-memory thread: not on the loop's critical path.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -30,6 +35,7 @@ from torch.utils.data._utils import pin_memory as torch_pin
 from gpufeed import thresholds as th
 from gpufeed.offload import payload
 from gpufeed.offload.errors import OffloadError
+from gpufeed.offload.pinning import Receiver
 from gpufeed.offload.ray_engine import Pool, Slot
 
 _tokens = itertools.count()
@@ -79,12 +85,15 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         self._limit = pool.size * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
         self._local: Any = None
         self._job_ref = None
+        self._receiver: Receiver | None = None  # receives and pins on a thread where pin_memory asks
         self._reset(loader, first_iter=True)
 
     # -- epochs --------------------------------------------------------------------------------
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         # A new epoch drops the batches of the last one never taken, as torch does.
+        if self._receiver is not None:
+            self._receiver.forget_all()
         self._batches: dict[int, _Batch] = {}
         self._send_idx = self._rcvd_idx = 0
         self._sampler_done = False
@@ -122,9 +131,13 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     def _send(self, k: int) -> None:
         batch = self._batches[k]
+        if batch.ref is not None and self._receiver is not None:  # sent again: the old one is never asked for
+            self._receiver.forget(batch.ref)
         batch.slot = self._pool.pick(k)
         batch.ref = None if batch.slot is None else batch.slot.actor.fetch.remote(self._token, batch.indices)
         batch.sent_t = time.perf_counter()
+        if batch.ref is not None and self._receiver is not None:
+            self._receiver.submit(batch.ref)
 
     # -- receiving -----------------------------------------------------------------------------
     def _next_data(self) -> Any:
@@ -132,16 +145,31 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
             return self._local._next_data()
         k = self._rcvd_idx
         if k not in self._batches:
+            self._stop_receiver()
             raise StopIteration
+        if self._pin_memory and self._receiver is None:
+            self._start_receiver()
         data = self._receive(k)
         if self._local is not None:  # the cluster was lost while waiting: the epoch goes on locally
             return self._local._next_data()
         del self._batches[k]
         self._rcvd_idx += 1
         self._fill()
-        if self._pin_memory:  # as torch's single-process iterator pins: here, after the batch arrives
-            data = torch_pin.pin_memory(data, self._pin_memory_device)
-        return data
+        return data  # pinned by the receiver where the loader asks for it
+
+    def _start_receiver(self) -> None:
+        """Batches received and pinned on a thread, as torch's pin-memory thread does, in the order sent."""
+        device = self._pin_memory_device
+        self._receiver = Receiver(self._ray.get, functools.partial(_pin, device), self._limit,
+                                  _pin_thread_setup(_device_index()))
+        for k in sorted(self._batches):
+            if self._batches[k].ref is not None:
+                self._receiver.submit(self._batches[k].ref)
+
+    def _stop_receiver(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
 
     def _receive(self, k: int) -> Any:
         ray = self._ray
@@ -151,7 +179,8 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
             if batch.ref is None and not self._wait_for_a_worker(k):
                 return None
             try:
-                data, (node, _pid, make_s, cpu_s) = ray.get(batch.ref)
+                got = ray.get(batch.ref) if self._receiver is None else self._receiver.result(batch.ref)
+                data, (node, _pid, make_s, cpu_s) = got
                 break
             except ray.exceptions.RayTaskError as error:  # the user's code raised: raise it here
                 raise error.as_instanceof_cause() from None
@@ -208,6 +237,7 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         remaining = [self._batches[j].indices for j in sorted(self._batches)]
         self._batches = {}
         self._stats.fell_back = why
+        self._stop_receiver()  # the local iterator pins in torch's own thread
         self._warn(f"lost the Ray cluster ({why}): the training goes on with local DataLoader workers "
                    f"(num_workers={self._loader.num_workers}), from the first batch not yet delivered")
         self._pool = None
@@ -220,8 +250,35 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         self._local = _local_iterator(loader, None)
 
     def __del__(self) -> None:
+        if getattr(self, "_receiver", None) is not None:
+            self._receiver.close()
         if getattr(self, "_local", None) is not None:
             _shut_down(self._local)
+
+
+def _pin(device: str, data: Any) -> Any:
+    return torch_pin.pin_memory(data, device)  # looked up at each call: tests record it (no GPU here)
+
+
+def _device_index() -> int | None:
+    """The loop's accelerator, for the pin thread (torch's own does the same)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return accelerator.current_device_index() if accelerator.is_available() else None
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def _pin_thread_setup(device_index: int | None) -> Callable[[], None]:
+    def setup() -> None:
+        torch.set_num_threads(1)  # as torch's pin thread: the copy must not take every core
+        if device_index is None:
+            return
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None:
+            accelerator.set_device_index(device_index)
+        else:
+            torch.cuda.set_device(device_index)
+    return setup
 
 
 def _rest(next_index: Callable[[], Any]) -> Iterable:
