@@ -49,9 +49,11 @@ class Worker:
 def receivers():
     made = []
 
-    def make(worker: Worker, limit: int, **kwargs) -> Receiver:
+    def make(worker: Worker, limit: int, sent=(), **kwargs) -> Receiver:
         r = Receiver(worker.get, worker.pin, limit, **kwargs)
         made.append(r)
+        for ref in sent:
+            r.submit(ref)
         return r
     yield make
     for r in made:
@@ -73,9 +75,7 @@ def test_batches_come_in_the_order_asked_whatever_order_they_are_made_in(receive
 
 def test_it_holds_at_most_limit_batches_not_taken(receivers):
     worker = Worker()
-    receiver = receivers(worker, limit=3)
-    for r in range(10):
-        receiver.submit(r)
+    receiver = receivers(worker, limit=3, sent=range(10))
     wait_until(lambda: receiver.waiting() == 3)
     time.sleep(0.2)  # time enough to run ahead, if anything let it
     assert receiver.waiting() == 3 and worker.received == [0, 1, 2]
@@ -89,9 +89,7 @@ def test_a_batch_sent_again_is_received_behind_the_others_without_a_deadlock(rec
     """In flight a, b, c (the iterator's limit): c's worker died and c went out again as c2 behind
     the others. a and b wait, under the limit, so c2 is received."""
     worker = Worker(fail={"c": ConnectionError("worker died")})
-    receiver = receivers(worker, limit=3)
-    for r in ("a", "b", "c"):
-        receiver.submit(r)
+    receiver = receivers(worker, limit=3, sent=("a", "b", "c"))
     with pytest.raises(ConnectionError, match="worker died"):
         receiver.result("c")  # the loop's own handling of a lost worker starts from this error
     receiver.submit("c2")
@@ -102,9 +100,7 @@ def test_a_batch_sent_again_is_received_behind_the_others_without_a_deadlock(rec
 def test_forgotten_batches_are_dropped_not_kept(receivers):
     worker = Worker()
     worker.gate.clear()  # the thread blocks receiving the first
-    receiver = receivers(worker, limit=4)
-    for r in ("old", "queued", "kept"):
-        receiver.submit(r)
+    receiver = receivers(worker, limit=4, sent=("old", "queued", "kept"))
     wait_until(lambda: receiver._current == "old")
     receiver.forget("old")      # being received now: its result is dropped when it comes
     receiver.forget("queued")   # not yet received: never received
@@ -114,10 +110,7 @@ def test_forgotten_batches_are_dropped_not_kept(receivers):
 
 
 def test_a_new_epoch_forgets_every_batch_in_flight(receivers):
-    worker = Worker()
-    receiver = receivers(worker, limit=4)
-    for r in range(4):
-        receiver.submit(r)
+    receiver = receivers(Worker(), limit=4, sent=range(4))
     wait_until(lambda: receiver.waiting() == 4)
     receiver.forget_all()
     assert receiver.waiting() == 0
