@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from gpufeed import thresholds as th
 from gpufeed.offload import OffloadSettings, hook
@@ -174,6 +174,55 @@ def test_a_worker_killed_mid_batch_while_the_thread_pins_loses_nothing(offloaded
     got = [batch[1][0].tolist() for batch in it]
     assert (tmp_path / "killed").exists() and state.stats.workers_lost == 1
     assert got == plain
+
+
+class Stream(IterableDataset):
+    """Split by its own workers, as torch's docs show, and unevenly: of two workers, worker 0 takes
+    every third sample and worker 1 the others, so worker 0's stream ends first. Each sample carries
+    a random augmentation (torch's RNG, seeded per worker). ``kill_at``: the worker yielding that
+    sample dies, once (``marker``)."""
+
+    def __init__(self, n: int = 42, kill_at: int = -1, marker: str = "") -> None:
+        self.n, self.kill_at, self.marker = n, kill_at, marker
+
+    def __iter__(self):
+        info = get_worker_info()
+        for i in range(self.n):
+            if info is not None and info.num_workers == 2 and (i % 3 == 0) != (info.id == 0):
+                continue
+            if i == self.kill_at and not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                os._exit(1)
+            yield torch.tensor(i), torch.rand(2)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iterable_dataset_gives_the_batches_of_a_plain_run_exactly_once(offloaded, persistent):
+    """Each Ray worker is one of torch's workers (get_worker_info's id and num_workers, its seed),
+    taken round robin as torch takes them, a worker whose stream ended left out: the same batches in
+    the same order, even the random augmentation, across two epochs."""
+    def loader() -> DataLoader:
+        return DataLoader(Stream(), batch_size=4, num_workers=WORKERS, persistent_workers=persistent)
+    plain = _epochs(loader())
+    state = offloaded()
+    remote = _epochs(loader())
+    assert remote == plain
+    assert len(plain) == 2 * 11 and state.stats.batches == len(plain)  # worker 0: 4 batches, worker 1: 7
+    assert sorted(i for batch, _ in remote[:11] for i in batch) == list(range(42))  # an epoch: each sample once
+
+
+def test_an_iterable_dataset_without_workers_is_one_ray_worker(offloaded):
+    """num_workers=0: the one stream, made by one Ray worker (as torch's one worker would make it)."""
+    plain = _epochs(DataLoader(Stream(), batch_size=4), epochs=1)
+    offloaded()
+    remote = _epochs(DataLoader(Stream(), batch_size=4), epochs=1)
+    assert [i for i, _ in remote] == [i for i, _ in plain]
+
+
+def test_an_iterable_dataset_whose_worker_dies_stops_with_one_sentence(offloaded, tmp_path):
+    offloaded()
+    with pytest.raises(OffloadError, match="cannot be made by another worker"):
+        _epochs(DataLoader(Stream(kill_at=13, marker=str(tmp_path / "killed")), batch_size=4, num_workers=WORKERS))
 
 
 def _ray_processes() -> set[int]:

@@ -2,8 +2,8 @@
 
 ``install_from_env()`` (called by the probe's installer, where torch's DataLoader is imported, under
 ``gpufeed run --offload`` and ``gpufeed diagnose --offload``) wraps ``DataLoader._get_iterator``:
-an iterator of a training loader over a map-style dataset becomes a ``RayBatches``; evaluation
-loaders, IterableDatasets, and every loader once the cluster is lost, keep torch's own iterator.
+an iterator of a training loader (map-style or IterableDataset) becomes a ``RayBatches``; evaluation
+loaders, and every loader once the cluster is lost, keep torch's own iterator.
 The probe wraps ``_get_iterator`` after this, so it measures the offloaded iterator like any other.
 
 What cannot start (Ray missing, the cluster unreachable, a dataset that cannot be pickled) ends the
@@ -96,24 +96,16 @@ class _Offload:
         self.pool: Any = None
         self.lost = False
         self.stats = Stats(on_progress=self.record)
-        self.said_local: set[str] = set()
         self.recorded = 0  # batches whose latency an `offload` event has summed up already
 
     def wants(self, loader: Any, frame: Any) -> bool:
-        """Whether this iterator is offloaded: a training loader over a map-style dataset."""
+        """Whether this iterator is offloaded: a training loader's (map-style or IterableDataset)."""
         if self.lost:
             return False
-        from torch.utils.data import _DatasetKind
         from gpufeed.measure.inside import roles
         built = getattr(loader, "_gpufeed_built", None) or {}
         role, _why = roles.iterator_role(frame, built.get("built_as"))
-        if role != roles.TRAIN:
-            return False
-        if loader._dataset_kind != _DatasetKind.Map:
-            self._once("iterable", "the training DataLoader reads an IterableDataset, whose order depends on how "
-                       "its own workers split it: it is not offloaded and keeps its local workers")
-            return False
-        return True
+        return role == roles.TRAIN
 
     def iterator(self, loader: Any) -> Any:
         from gpufeed import thresholds as th
@@ -132,12 +124,12 @@ class _Offload:
                               self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
         # The probe records it as the loader config's `offload` (docs/run-record.md): the analysis then
         # knows the batches were made on Ray, not by the num_workers the config still names.
-        iterator._gpufeed_offload = self.flag()
+        iterator._gpufeed_offload = self.flag(iterator._workers)
         return iterator
 
-    def flag(self) -> dict[str, Any]:
+    def flag(self, workers: int) -> dict[str, Any]:
         """What made the batches: the engine, its workers and nodes, and the cluster (None: a local Ray)."""
-        usable = self.pool.usable()
+        usable = self.pool.usable()[:workers]
         return {"backend": self.settings.engine, "workers": len(usable),
                 "nodes": len({s.node_id for s in usable}), "address": self.settings.address}
 
@@ -148,11 +140,6 @@ class _Offload:
 
     def note(self, message: str) -> None:
         sys.stderr.write(f"gpufeed: {message}\n")
-
-    def _once(self, key: str, message: str) -> None:
-        if key not in self.said_local:
-            self.said_local.add(key)
-            say(message)
 
     def summary(self) -> dict[str, Any]:
         s = self.stats

@@ -15,6 +15,14 @@ order, each exactly once:
   with the first batch not delivered, is made by local workers (the loader's own settings), with
   a warning; later epochs stay local.
 
+An IterableDataset is split by its own workers (``get_worker_info()``), so its order is decided by
+which worker makes which batch: it gets the script's ``num_workers`` Ray workers (one for 0), each
+one of torch's workers (its id, ``num_workers`` and seed), taken round robin as torch's
+``_try_put_index`` takes them, a worker whose stream ended left out (``BatchMaker.fetch`` answers
+``ended``, as torch's worker answers ``_IterableDatasetStopIteration``). A worker's stream cannot be
+moved to another: a lost worker, or the lost cluster, mid-epoch is an error for it, as torch stops
+when one of its workers dies.
+
 Where the loader asks for pinned memory (``pin_memory=True`` and an accelerator), the batches are
 received and pinned on a thread of their own (``pinning.Receiver``), as torch's multi-process
 iterator pins in its pin-memory thread: not on the loop's critical path.
@@ -29,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
+from torch.utils.data import _DatasetKind
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils import pin_memory as torch_pin
 
@@ -39,6 +48,7 @@ from gpufeed.offload.pinning import Receiver
 from gpufeed.offload.ray_engine import Pool, Slot
 
 _tokens = itertools.count()
+_ENDED = object()  # a worker's stream of an IterableDataset has no batch left
 
 
 @dataclass
@@ -52,6 +62,7 @@ class _Batch:
     # The nodes whose workers died while it was sent to them: a node's other workers die with it, so
     # a batch counts against itself once per node, not once per worker.
     failed_on: set = field(default_factory=set)
+    stream: int | None = None  # an IterableDataset's: the worker whose stream it comes from
 
 
 @dataclass
@@ -82,7 +93,15 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         self._warn = warn
         self._on_lost = on_lost
         self._lost_after_s = lost_after_s
-        self._limit = pool.size * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
+        # An IterableDataset is split by its own workers (get_worker_info()): the script's num_workers
+        # of them (one for num_workers=0), each one of torch's workers, taken round robin as torch does.
+        self._streams = max(loader.num_workers, 1) if self._dataset_kind == _DatasetKind.Iterable else None
+        if self._streams is not None and self._streams > pool.size:
+            raise OffloadError(f"the training DataLoader reads an IterableDataset with num_workers={loader.num_workers}, "
+                               f"which needs as many Ray workers, and the pool has {pool.size}: give --ray-workers "
+                               f"{self._streams}")
+        self._workers = self._streams or pool.size
+        self._limit = self._workers * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
         self._local: Any = None
         self._job_ref = None
         self._receiver: Receiver | None = None  # receives and pins on a thread where pin_memory asks
@@ -100,25 +119,37 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         if self._local is not None or self._pool is None:
             self._restart_local(loader)
             return
+        if self._streams is not None:  # each epoch starts with worker 0, every stream open (torch's _reset)
+            self._open = [True] * self._streams
+            self._next_stream = itertools.cycle(range(self._streams))
         if first_iter or not self._persistent_workers:
             self._start_workers()
+        elif self._streams is not None:  # persistent workers: each iterates its copy again
+            for slot in self._pool.slots[:self._streams]:
+                slot.actor.resume.remote(self._token)
         self._fill()
 
     def _start_workers(self) -> None:
         """Each worker gets a fresh copy of the dataset, seeded as torch seeds its worker."""
         self._token = next(_tokens)
         self._job_ref = payload.put(self._ray, payload.job_of(self, self._loader))
-        for slot in self._pool.slots:
+        slots = self._pool.slots[:self._workers]
+        if self._streams is not None and not all(s.ready and not s.lost for s in slots):
+            raise OffloadError(f"an IterableDataset needs all its {self._streams} Ray workers (each yields its own "
+                               f"part of the stream) and {sum(s.ready and not s.lost for s in slots)} are running")
+        for slot in slots:
             if not slot.lost:
                 self._send_start(slot)
 
     def _send_start(self, slot: Slot) -> None:
-        slot.actor.start.remote(self._token, self._job_ref, slot.worker_id, self._pool.size, self._base_seed)
+        slot.actor.start.remote(self._token, self._job_ref, slot.worker_id, self._workers, self._base_seed)
 
     # -- sending -------------------------------------------------------------------------------
     def _fill(self) -> None:
         """Send batches until ``prefetch_factor`` per worker are in flight (backpressure)."""
         while len(self._batches) < self._limit and not self._sampler_done:
+            if self._streams is not None and not any(self._open):
+                break  # every worker's stream has ended: the epoch is over once those in flight are in
             try:
                 indices = self._next_index()
             except StopIteration:
@@ -133,29 +164,40 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         batch = self._batches[k]
         if batch.ref is not None and self._receiver is not None:  # sent again: the old one is never asked for
             self._receiver.forget(batch.ref)
-        batch.slot = self._pool.pick(k)
+        batch.slot = self._pool.pick(k) if self._streams is None else self._stream_slot(k, batch)
         batch.ref = None if batch.slot is None else batch.slot.actor.fetch.remote(self._token, batch.indices)
         batch.sent_t = time.perf_counter()
         if batch.ref is not None and self._receiver is not None:
             self._receiver.submit(batch.ref)
 
+    def _stream_slot(self, k: int, batch: _Batch) -> Slot:
+        """An IterableDataset's batch ``k`` goes to the next worker whose stream is open, as torch's
+        ``_try_put_index`` cycles; a batch never goes to another worker (its stream is that worker's)."""
+        worker = next(w for w in self._next_stream if self._open[w])
+        batch.stream = worker
+        return self._pool.slots[worker]
+
     # -- receiving -----------------------------------------------------------------------------
     def _next_data(self) -> Any:
         if self._local is not None:
             return self._local._next_data()
-        k = self._rcvd_idx
-        if k not in self._batches:
-            self._stop_receiver()
-            raise StopIteration
-        if self._pin_memory and self._receiver is None:
-            self._start_receiver()
-        data = self._receive(k)
-        if self._local is not None:  # the cluster was lost while waiting: the epoch goes on locally
-            return self._local._next_data()
-        del self._batches[k]
-        self._rcvd_idx += 1
-        self._fill()
-        return data  # pinned by the receiver where the loader asks for it
+        while True:
+            k = self._rcvd_idx
+            if k not in self._batches:
+                self._stop_receiver()
+                raise StopIteration
+            if self._pin_memory and self._receiver is None:
+                self._start_receiver()
+            data = self._receive(k)
+            if self._local is not None:  # the cluster was lost while waiting: the epoch goes on locally
+                return self._local._next_data()
+            stream = self._batches.pop(k).stream
+            self._rcvd_idx += 1
+            if data is _ENDED:  # that worker's stream has ended: its later batches are skipped, as in torch
+                self._open[stream] = False
+            self._fill()
+            if data is not _ENDED:
+                return data  # pinned by the receiver where the loader asks for it
 
     def _start_receiver(self) -> None:
         """Batches received and pinned on a thread, as torch's pin-memory thread does, in the order sent."""
@@ -180,7 +222,7 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
                 return None
             try:
                 got = ray.get(batch.ref) if self._receiver is None else self._receiver.result(batch.ref)
-                data, (node, _pid, make_s, cpu_s) = got
+                data, (node, _pid, make_s, cpu_s, ended) = got
                 break
             except ray.exceptions.RayTaskError as error:  # the user's code raised: raise it here
                 raise error.as_instanceof_cause() from None
@@ -191,6 +233,8 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
             except (ray.exceptions.RaySystemError, ConnectionError) as error:
                 self._fall_back(f"{type(error).__name__}: {error}")
                 return None
+        if ended:
+            return _ENDED
         s = self._stats
         s.batches += 1
         s.by_node[node] = s.by_node.get(node, 0) + 1
@@ -203,6 +247,10 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     def _worker_lost(self, k: int, batch: _Batch, error: BaseException) -> None:
         """Batch ``k``'s worker died: replace it, and send its batches again to the workers left."""
+        if self._streams is not None:
+            raise OffloadError(f"a Ray worker died making batch {k} of an IterableDataset ({type(error).__name__}): "
+                               "the part of the stream it held cannot be made by another worker (torch stops too when "
+                               "a DataLoader worker dies)")
         batch.failed_on.add(batch.slot.node_id if batch.slot is not None else None)
         if len(batch.failed_on) >= th.OFFLOAD_MAX_ATTEMPTS:
             raise OffloadError(f"batch {k} of the epoch (indices {_short(batch.indices)}) was sent to Ray workers "
@@ -234,6 +282,9 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     # -- falling back to local workers ---------------------------------------------------------
     def _fall_back(self, why: str) -> None:
+        if self._streams is not None:
+            raise OffloadError(f"lost the Ray cluster ({why}) in the middle of an IterableDataset's epoch: its "
+                               "workers' streams cannot be continued by local workers")
         remaining = [self._batches[j].indices for j in sorted(self._batches)]
         self._batches = {}
         self._stats.fell_back = why
