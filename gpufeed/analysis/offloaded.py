@@ -48,11 +48,20 @@ def of_loader(record: Any, its: list) -> Offload | None:
         return None
     events = events_of(record, its[0].pid)
     last = events[-1] if events else {}
-    return Offload(backend=str(flag.get("backend") or "ray"), workers=flag.get("workers"), nodes=flag.get("nodes"),
-                   address=flag.get("address"), batches=last.get("batches"), by_node=dict(last.get("by_node") or {}),
+    return Offload(backend=str(flag.get("backend") or "ray"), workers=_count(flag.get("workers")),
+                   nodes=_count(flag.get("nodes")), address=_text(flag.get("address")), batches=last.get("batches"), by_node=dict(last.get("by_node") or {}),
                    resent=last.get("resent"), workers_lost=last.get("workers_lost"), fell_back=last.get("fell_back"),
                    latency_ms_p50=last.get("latency_ms_p50"), make_ms_p50=last.get("make_ms_p50"),
                    make_cpu_ms_p50=last.get("make_cpu_ms_p50"), events=len(events))
+
+
+def _count(value: Any) -> int | None:
+    """A count from the flag, or None (N/A) when it is not one (a hand-edited record)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def events_of(record: Any, pid: int) -> list[dict[str, Any]]:
