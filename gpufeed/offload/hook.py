@@ -124,7 +124,7 @@ class _Offload:
                               self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
         # The probe records it as the loader config's `offload` (docs/run-record.md): the analysis then
         # knows the batches were made on Ray, not by the num_workers the config still names.
-        iterator._gpufeed_offload = self.flag(iterator._workers)
+        iterator._gpufeed_offload = self.flag(iterator._worker_count)
         return iterator
 
     def flag(self, workers: int) -> dict[str, Any]:

@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils.data import _DatasetKind
 from torch.utils.data import dataloader as torch_dataloader
 from torch.utils.data._utils import pin_memory as torch_pin
 
@@ -95,13 +94,13 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         self._lost_after_s = lost_after_s
         # An IterableDataset is split by its own workers (get_worker_info()): the script's num_workers
         # of them (one for num_workers=0), each one of torch's workers, taken round robin as torch does.
-        self._streams = max(loader.num_workers, 1) if self._dataset_kind == _DatasetKind.Iterable else None
+        self._streams = max(loader.num_workers, 1) if self._dataset_kind == torch_dataloader._DatasetKind.Iterable else None
         if self._streams is not None and self._streams > pool.size:
             raise OffloadError(f"the training DataLoader reads an IterableDataset with num_workers={loader.num_workers}, "
                                f"which needs as many Ray workers, and the pool has {pool.size}: give --ray-workers "
                                f"{self._streams}")
-        self._workers = self._streams or pool.size
-        self._limit = self._workers * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
+        self._worker_count = self._streams or pool.size
+        self._limit = self._worker_count * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
         self._local: Any = None
         self._job_ref = None
         self._receiver: Receiver | None = None  # receives and pins on a thread where pin_memory asks
@@ -133,7 +132,7 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         """Each worker gets a fresh copy of the dataset, seeded as torch seeds its worker."""
         self._token = next(_tokens)
         self._job_ref = payload.put(self._ray, payload.job_of(self, self._loader))
-        slots = self._pool.slots[:self._workers]
+        slots = self._pool.slots[:self._worker_count]
         if self._streams is not None and not all(s.ready and not s.lost for s in slots):
             raise OffloadError(f"an IterableDataset needs all its {self._streams} Ray workers (each yields its own "
                                f"part of the stream) and {sum(s.ready and not s.lost for s in slots)} are running")
@@ -142,7 +141,7 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
                 self._send_start(slot)
 
     def _send_start(self, slot: Slot) -> None:
-        slot.actor.start.remote(self._token, self._job_ref, slot.worker_id, self._workers, self._base_seed)
+        slot.actor.start.remote(self._token, self._job_ref, slot.worker_id, self._worker_count, self._base_seed)
 
     # -- sending -------------------------------------------------------------------------------
     def _fill(self) -> None:
