@@ -59,6 +59,7 @@ def _delivered(record: Path) -> tuple[int, str]:
 
 def bench(key: str, args: argparse.Namespace, work: Path) -> dict:
     title, extra = WORKLOADS[key]
+    load_before = os.getloadavg()[0]
     script = [PY, str(SCRIPT), *extra, "--steps-per-epoch", str(args.steps_per_epoch)]
     tune_dir = work / f"tune-{key}"
     t0 = time.perf_counter()
@@ -80,14 +81,17 @@ def bench(key: str, args: argparse.Namespace, work: Path) -> dict:
             prefix, way_env = commands[way]
             wall, stderr = _run([*prefix, *script, "--epochs", str(args.epochs), "--record", str(record)], way_env)
             count, digest = _delivered(record)
-            settled = re.findall(r"settled on (.+?)(?:,|$| after)", stderr)
+            settled = re.findall(r"settled on (.+?)(?:,| after|$)", stderr, re.M)
             switches = stderr.count("gpufeed autotune: switched to")
+            periods = re.findall(r"settled on .* after (\d+) periods", stderr)
             runs[way].append({"wall_s": wall, "samples": count, "digest": digest,
-                              "settled": settled[-1] if settled else None, "switches": switches})
+                              "settled": settled[-1] if settled else None, "switches": switches,
+                              "periods": int(periods[0]) if periods else None})
             print(f"{key} {way:12} repeat {repeat}: {wall:6.1f} s, {count} samples, {digest}"
                   + (f", {switches} switches, settled on {settled[-1] if settled else '-'}" if way == "autotune" else ""),
                   flush=True)
-    return {"key": key, "title": title, "tune_s": tune_s, "winner": winner, "runs": runs}
+    return {"key": key, "title": title, "tune_s": tune_s, "winner": winner, "runs": runs,
+            "load": (load_before, os.getloadavg()[0])}
 
 
 def _median(runs: list[dict]) -> float:
@@ -101,19 +105,23 @@ def tables(results: list[dict], args: argparse.Namespace, command: str) -> str:
              f"the tune winner from `gpufeed tune --trial-seconds {args.trial_seconds:g}` (its search time apart).",
              "",
              "| workload | yours | autotune | tune winner | autotune / winner | autotune / yours | noise (yours) "
-             "| autotune settled on | switches | winner | tune search |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| autotune settled on | periods to settle | switches | winner | tune search |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         yours, auto, best = (_median(r["runs"][w]) for w in WAYS)
         walls = [x["wall_s"] for x in r["runs"]["yours"]]
         noise = (max(walls) - min(walls)) / statistics.median(walls)
         settled = sorted({x["settled"] or "-" for x in r["runs"]["autotune"]})
         switches = [x["switches"] for x in r["runs"]["autotune"]]
+        periods = ", ".join(str(x["periods"]) if x["periods"] else "-" for x in r["runs"]["autotune"])
         winner = r["winner"]["settings"]
         label = " ".join(f"{k}={v}" for k, v in winner.items())
         lines.append(f"| {r['title']} | {yours:.1f} s | {auto:.1f} s | {best:.1f} s | {auto / best:.2f} | "
-                     f"{auto / yours:.2f} | {noise:.0%} | {', '.join(settled)} | {statistics.median(switches):g} "
+                     f"{auto / yours:.2f} | {noise:.0%} | {', '.join(settled)} | {periods} | {statistics.median(switches):g} "
                      f"| {label} | {r['tune_s']:.0f} s |")
+    lines += ["", f"Conditions: {os.cpu_count()} cores shared with other engineers' runs; 1-minute load average "
+                  "before and after each workload: " + ", ".join(f"{r['key']} {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
+                                                                 for r in results) + "."]
     lines += ["", "Samples delivered per run (each repeat), and whether the sequence of sample indices is the "
                   "plain run's (yours, same seed):", "",
               "| workload | way | samples delivered | plain run | identical sequence |", "|---|---|---|---|---|"]

@@ -90,21 +90,29 @@ def per_next_s(make_loader, steps: int) -> float:
     return (time.thread_time() - t0) / steps
 
 
-def measure(probe_module, make_loader, blocks: int, steps: int) -> tuple[float, float]:
-    """(plain seconds per next(), probe cost per next())."""
+def alternate(probe_module, block, patch, unpatch, blocks: int) -> tuple[float, float]:
+    """(plain seconds of ``block()``, what the probe adds): blocks alternate between plain and
+    instrumented, in random order each round, in one process; medians. ``patch(probe)`` and
+    ``unpatch()`` switch the probe's hooks on and off."""
     times = {"plain": [], "probe": []}
     with tempfile.TemporaryDirectory() as run_dir:
         probe = probe_module.Probe(run_dir)
-        per_next_s(make_loader, steps)  # warm-up
+        block()  # warm-up
         for _ in range(blocks):
             for variant in random.sample(["plain", "probe"], 2):
                 if variant == "probe":
-                    probe_module.patch_torch(probe)
-                times[variant].append(per_next_s(make_loader, steps))
-                probe_module.unpatch_torch()
+                    patch(probe)
+                times[variant].append(block())
+                unpatch()
         probe.close()
     plain = statistics.median(times["plain"])
     return plain, statistics.median(times["probe"]) - plain
+
+
+def measure(probe_module, make_loader, blocks: int, steps: int) -> tuple[float, float]:
+    """(plain seconds per next(), probe cost per next())."""
+    return alternate(probe_module, lambda: per_next_s(make_loader, steps), probe_module.patch_torch,
+                     probe_module.unpatch_torch, blocks)
 
 
 def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
@@ -119,19 +127,32 @@ def to_cost(probe_module, blocks: int, steps: int) -> tuple[float, float]:
             x.to(torch.float64)
         return (time.thread_time() - t0) / steps
 
-    times = {"plain": [], "probe": []}
-    with tempfile.TemporaryDirectory() as run_dir:
-        probe = probe_module.Probe(run_dir)
-        block()
-        for _ in range(blocks):
-            for variant in random.sample(["plain", "probe"], 2):
-                if variant == "probe":
-                    probe_module.patch_h2d(probe)
-                times[variant].append(block())
-                probe_module.unpatch_h2d()
-        probe.close()
-    plain = statistics.median(times["plain"])
-    return plain, statistics.median(times["probe"]) - plain
+    return alternate(probe_module, block, probe_module.patch_h2d, probe_module.unpatch_h2d, blocks)
+
+
+def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
+    """(plain seconds to build a DataLoader and take its first batch, what the probe adds): its
+    construction hook (call site, the user's frames, the role) and the new iterator's registration.
+    Paid once per loader and once per epoch's iterator, never per batch; current probe only."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from gpufeed.measure.inside import overrides
+    current = _Probe(None)
+    data = TensorDataset(torch.zeros(256, 8), torch.zeros(256, dtype=torch.long))
+
+    def block() -> float:
+        t0 = time.thread_time()
+        for _ in range(loaders):
+            next(iter(DataLoader(data, batch_size=32)))
+        return (time.thread_time() - t0) / loaders
+
+    def patch(probe) -> None:
+        current.patch_torch(probe)
+        overrides.patch_dataloader_init(None, report=probe.event)
+
+    # unpatch_torch removes the construction hook too.
+    return alternate(current, block, patch, current.unpatch_torch, blocks)
 
 
 def main() -> None:
@@ -157,6 +178,13 @@ def main() -> None:
         plain, cost = to_cost(_Probe(path), args.blocks, args.steps)
         print(f"| tensor.to(torch.float64), 16 floats on the CPU | {label} | {plain * 1e6:.2f} µs | "
               f"{cost * 1e6:.2f} µs |", flush=True)
+
+    print()
+    print("| per DataLoader | probe | plain | added by the probe |")
+    print("|---|---|---|---|")
+    plain, cost = loader_cost(args.blocks, max(1, args.steps // 20))
+    print(f"| DataLoader(...) built, first batch taken | current | {plain * 1e6:.0f} µs | {cost * 1e6:.0f} µs |",
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ class Point:
     predicted: Prediction | None
     measured: list[float] = field(default_factory=list)
     others: list[float] = field(default_factory=list)      # cores other programs used in each measured run
+    speeds: list[float] = field(default_factory=list)      # the CPU's speed in each run, the first run's = 1
     conditioned: list[float] = field(default_factory=list)  # the prediction given that run's other programs
     picked_by_model: bool = False
 
@@ -68,7 +69,8 @@ class Point:
     @property
     def error_given_others(self) -> float | None:
         """The median over runs of predicted / measured - 1, each predicted for the cores the other
-        programs on this shared machine left during that run (they are not the model's to know)."""
+        programs on this shared machine left during that run and for the CPU's speed then (neither is
+        the model's to know: this VM's CPU speed drifts by up to 1.6x over minutes)."""
         ratios = [p / m for p, m in zip(self.conditioned, self.measured) if m]
         return statistics.median(ratios) - 1.0 if ratios else None
 
@@ -99,7 +101,8 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Result:
     command = workload_command(key, args.fft_rounds)
     trials = CommandTrials(TuneOptions(command=command, out=out, seconds=args.baseline_seconds or args.seconds,
                                        warmup_steps=args.warmup, stall_timeout_s=10.0))
-    first = trials(LoaderSettings(), "yours")
+    speeds = {}
+    first = _timed(trials, LoaderSettings(), "yours", speeds)
     trials.options.seconds = args.seconds
     if first.status == INTERRUPTED:
         raise KeyboardInterrupt
@@ -108,13 +111,28 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Result:
     threads = _thread_cap(first.diagnosis)
     for _ in range(args.repeats):
         for p in points:
-            run = trials(settings_for(p.workers, p.persistent, threads), "what-if")
+            run = _timed(trials, settings_for(p.workers, p.persistent, threads), "what-if", speeds)
             if run.status == INTERRUPTED:
                 raise KeyboardInterrupt
             if run.samples_per_s:
                 p.measured.append(run.samples_per_s)
                 p.others.append(_others(run.diagnosis.metrics))
+                p.speeds.append(speeds[Path(run.run_dir).name] / speeds[Path(first.run_dir).name])
+    (out / SPEEDS).write_text(json.dumps(speeds, indent=1))
     return _result(key, first.diagnosis, base, points)
+
+
+SPEEDS = "cpu_speeds.json"   # a --keep directory's CPU speed of each run (FFT rounds per 20 ms)
+
+
+def _timed(trials, settings: LoaderSettings, label: str, speeds: dict):
+    """Run one trial and note the CPU's speed around it: the mean of a fixed FFT's rate just before and
+    just after (the bench workloads' CPU work is that FFT)."""
+    before = common.calibrate_fft_rounds(20.0)
+    run = trials(settings, label)
+    if run.run_dir is not None:
+        speeds[Path(run.run_dir).name] = (before + common.calibrate_fft_rounds(20.0)) / 2
+    return run
 
 
 def _others(m) -> float:
@@ -145,7 +163,9 @@ def _result(key: str, diagnosis, base: LoaderSettings, points: list[Point]) -> R
     if wi is not None and not wi.cannot_predict:
         for p in points:
             p.predicted = _predict_again(diagnosis, p.workers, p.persistent)
-            p.conditioned = [_predict_again(diagnosis, p.workers, p.persistent, o).samples_per_s for o in p.others]
+            speeds = p.speeds or [1.0] * len(p.others)
+            p.conditioned = [_predict_again(diagnosis, p.workers, p.persistent, o, v).samples_per_s
+                             for o, v in zip(p.others, speeds)]
             limits[p.label] = p.predicted.limit
     return Result(key=key, yours=base.label(), yours_measured=diagnosis.metrics.samples_per_s,
                   cannot=wi.cannot_predict if wi else "no what-if", points=points,
@@ -153,14 +173,16 @@ def _result(key: str, diagnosis, base: LoaderSettings, points: list[Point]) -> R
                   if wi and wi.best else None, limits=limits)
 
 
-def _predict_again(diagnosis, workers: int, persistent: bool, other_cores: float | None = None) -> Prediction:
+def _predict_again(diagnosis, workers: int, persistent: bool, other_cores: float | None = None,
+                   cpu_speedup: float = 1.0) -> Prediction:
     return answer_run(diagnosis.run_dir, workers=workers, persistent=persistent,
-                      other_cores=other_cores).predictions[0]
+                      other_cores=other_cores, cpu_speedup=cpu_speedup).predictions[0]
 
 
 def from_kept(key: str, root: Path) -> Result:
     """Score the model on the records of an earlier ``--keep`` run: the first trial is yours."""
     runs = sorted(p for p in (root / key / "trials").glob("*") if p.is_dir())
+    speeds = json.loads((root / key / SPEEDS).read_text()) if (root / key / SPEEDS).exists() else {}
     first = analyze(runs[0])
     base = _settings_of(first)
     points: dict[tuple[int, bool], Point] = {}
@@ -175,6 +197,8 @@ def from_kept(key: str, root: Path) -> Result:
         if d.metrics.samples_per_s:
             point.measured.append(d.metrics.samples_per_s)
             point.others.append(_others(d.metrics))
+            if runs[0].name in speeds and run_dir.name in speeds:
+                point.speeds.append(speeds[run_dir.name] / speeds[runs[0].name])
     wi = first.what_if
     picked = {(p.num_workers, p.persistent_workers) for p in (wi.predictions if wi and not wi.cannot_predict else [])}
     for k, p in points.items():
@@ -205,13 +229,14 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
              f"and {args.repeats} measured runs of every setting, alternating (median). Error = predicted / "
              "measured - 1. `*`: a setting the model itself named (its best, a finding's fix, yours). "
              "Other programs: the cores the rest of this shared machine kept busy during the measured runs; "
-             "\"error, given them\": the model's prediction for each run with the cores those programs left "
-             "(median over runs).", "",
+             "CPU speed: the rate of a fixed FFT (the workloads' CPU work) around each run, against the first "
+             "run's; \"error, given them\": the model's prediction for each run with the cores those programs "
+             "left and the CPU at that speed (`answer(..., other_cores=, cpu_speedup=)`; median over runs).", "",
              "| workload | setting | predicted samples/s (range) | limit | measured (median) | error "
-             "| other programs (cores) | error, given them |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| other programs (cores) | CPU speed | error, given them |",
+             "|---|---|---|---|---|---|---|---|---|"]
     summary = ["", "| workload | yours | model's best | median abs. error | worst | median abs. error, given "
-               "the other programs | settings |", "|---|---|---|---|---|---|---|"]
+               "the other programs and the CPU's speed | settings |", "|---|---|---|---|---|---|---|"]
     for r in results:
         title = WORKLOADS[r.key]
         if r.cannot:
@@ -223,7 +248,9 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
             lines.append(f"| {title} | {p.label}{' *' if p.picked_by_model else ''} | {pr.samples_per_s:,.0f} "
                          f"({pr.low:,.0f}-{pr.high:,.0f}) | {pr.limit} | "
                          f"{'N/A' if p.median is None else format(p.median, ',.0f')} | {_pct(p.error)} "
-                         f"| {statistics.median(p.others) if p.others else 0:.1f} | {_pct(p.error_given_others)} |")
+                         f"| {statistics.median(p.others) if p.others else 0:.1f} "
+                         f"| {format(statistics.median(p.speeds), '.2f') if p.speeds else 'N/A'} "
+                         f"| {_pct(p.error_given_others)} |")
             if p.error is not None:
                 errs.append(abs(p.error))
                 cond.append(abs(p.error_given_others))
@@ -235,7 +262,8 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
         lines += ["", f"**Median |error| over all {len(errors)} settings: {statistics.median(errors):.1%}** "
                       f"(the model's own picks: {statistics.median(picked):.1%} over {len(picked)})."
                   if picked else f"**Median |error| over all {len(errors)} settings: {statistics.median(errors):.1%}**",
-                  "", f"Given the other programs' load of each run: median |error| {statistics.median(given):.1%}."]
+                  "", f"Given the other programs' load and the CPU's speed in each run: median |error| "
+                      f"{statistics.median(given):.1%}."]
     return "\n".join(lines)
 
 

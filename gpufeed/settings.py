@@ -6,6 +6,7 @@ library only, because the probe imports it inside the user's process.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -68,3 +69,80 @@ class LoaderSettings:
                  "pin_memory" if self.pin_memory else None,
                  f"{self.worker_threads} threads/worker" if self.worker_threads is not None else None]
         return " · ".join(p for p in parts if p) or "the script's own"
+
+
+AUTOTUNE = -1  # tf.data.AUTOTUNE: TensorFlow picks the value itself, and keeps adjusting it
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The ``tf.data`` knobs gpufeed can set on the training pipeline. ``None`` leaves the script's
+    own value; ``AUTOTUNE`` (-1) is ``tf.data.AUTOTUNE``.
+
+    - ``parallel_calls``: ``num_parallel_calls`` of every ``map`` and ``interleave`` of the pipeline
+      (an interleave's capped at the ``cycle_length`` the script gives it), and of a ``batch`` that
+      sets its own;
+    - ``prefetch``: ``buffer_size`` of the ``prefetch`` that ends the pipeline (one is added at the
+      end when it has none);
+    - ``deterministic``, ``private_threadpool_size``, ``max_intra_op_parallelism``: the pipeline's
+      ``tf.data.Options`` (``options.deterministic``, ``options.threading.*``).
+    """
+
+    parallel_calls: int | None = None
+    prefetch: int | None = None
+    deterministic: bool | None = None
+    private_threadpool_size: int | None = None
+    max_intra_op_parallelism: int | None = None
+
+    framework = "tensorflow"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def config_dict(self) -> dict[str, Any]:
+        """Every knob, ``None`` for the script's own: ``tune.json``'s ``config``."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "settings") -> "PipelineSettings":
+        """Build from JSON; raises ``ValueError`` naming an unknown key or a wrong value."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        for key, value in data.items():
+            if key not in known:
+                raise ValueError(f"unknown tf.data setting {key!r} in {where} (known: {', '.join(sorted(known))})")
+            if value is None:
+                continue
+            if key == "deterministic":
+                if type(value) is not bool:
+                    raise ValueError(f"{where}.{key} must be true or false, got {value!r}")
+                continue
+            if type(value) is not int:
+                raise ValueError(f"{where}.{key} must be a whole number, got {value!r}")
+            lowest = AUTOTUNE if key in ("parallel_calls", "prefetch") else 1
+            if value < lowest or value == 0:
+                allowed = "at least 1, or -1 for tf.data.AUTOTUNE" if lowest == AUTOTUNE else "at least 1"
+                raise ValueError(f"{where}.{key} must be {allowed}, got {value}")
+        return cls(**data)
+
+    def label(self) -> str:
+        """A short name for tables and directories, e.g. ``parallel 8 prefetch AUTOTUNE unordered``."""
+        def value(v: int) -> str:
+            return "AUTOTUNE" if v == AUTOTUNE else str(v)
+        parts = []
+        if self.parallel_calls is not None:
+            parts.append(f"parallel {value(self.parallel_calls)}")
+        if self.prefetch is not None:
+            parts.append(f"prefetch {value(self.prefetch)}")
+        if self.deterministic is not None:
+            parts.append("ordered" if self.deterministic else "unordered")
+        if self.private_threadpool_size is not None:
+            parts.append(f"pool {self.private_threadpool_size}")
+        if self.max_intra_op_parallelism is not None:
+            parts.append(f"intra-op {self.max_intra_op_parallelism}")
+        return " ".join(parts) or "as is"
+
+    def label_beside_workers(self) -> str:
+        """The settings other than num_parallel_calls (the report's axis), naming a line of trials."""
+        return dataclasses.replace(self, parallel_calls=None).label().replace("as is", "the script's own")

@@ -144,6 +144,12 @@ TUNE_CORES_FULL_SHARE = 0.90
 TUNE_CAUSE_RETRY_FACTOR = 2.0
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
+# tf.data (gpufeed tune on a TensorFlow script): num_parallel_calls tried on the way up, from 2 (the
+# script's own sequential map is the baseline) to the same per-core cap as workers, since a stage
+# that waits on storage (or a Python call that sleeps) scales past the cores as workers do; the
+# refinement adds the points between. tf.data.AUTOTUNE is always measured beside them.
+TUNE_TF_PARALLEL_LADDER = (2, 4, 8, 16, 32, 64, 128)
+TUNE_TF_PARALLEL_REFINE = (3, 6, 12, 24, 48, 96)
 # A trial with no batch for this long is stopped as hung.
 TUNE_STALL_TIMEOUT_S = 30.0
 # A trial is stopped as failed after start-up + factor x its measured seconds + the stall timeout:
@@ -223,6 +229,21 @@ WHATIF_MAX_OTHER_SHARE = 0.75
 # show it (no workers, or workers started again every epoch, whose start-up CPU would count too):
 # 0.5-0.8 ms per batch of 16 samples in the persistent-worker runs of bench/what_if.py (2 cores).
 WHATIF_HANDOFF_S = 0.0007
+# Starting and stopping a DataLoader worker, per worker, where the run cannot show it (no workers,
+# or persistent ones): forking a torch process (the iterator's creation to its workers started) and
+# shutting it down (the next() that ends an epoch, without persistent workers). 8-13 ms and 4-10 ms
+# per worker (w2-w16) in the non-persistent runs of bench/what_if.py, 2026-11-30 (2 cores, ~300 MB
+# training processes); a larger process forks slower (page tables are copied).
+WHATIF_WORKER_SPAWN_S = 0.010
+WHATIF_WORKER_STOP_S = 0.007
+# A sampler interval is contended when other programs kept at least this many cores busy while
+# fewer than WHATIF_CONTENDED_IDLE_CORES stayed idle: the job's steps slow down there (1.3 ms alone,
+# 20-25 ms while another program held a core, in bench/what_if.py's storage run of 2026-11-30 on
+# 2 cores), which is the other programs' doing, not the job's cost. Such intervals are left out of
+# the costs while the quiet rest holds at least WHATIF_MIN_QUIET_SHARE of the window.
+WHATIF_CONTENDED_OTHER_CORES = 0.5
+WHATIF_CONTENDED_IDLE_CORES = 0.5
+WHATIF_MIN_QUIET_SHARE = 0.3
 # The least share of the cores the job is taken to get, whatever other programs used during its run.
 WHATIF_MIN_FREE_CORES = 0.25
 # Settings predicted within this share of the fastest are equal; the fewest workers win (the tune's

@@ -24,10 +24,12 @@ class Scenario:
     pin_memory: bool = False
     batch_size: int = 32
     epochs: int = 1
+    autotune_pools: int = 1           # worker pools per epoch: --autotune switched mid-epoch between them
     steps_per_epoch: int = 200
     compute_s: float = 0.010          # per step, after the batch arrives
     wait_s: float = 0.0005            # per step, inside next(loader)
     startup_s: float = 0.05           # iterator creation to first batch
+    stop_s: float | None = None       # the next() that ends each epoch (workers shut down); None: no epoch_end event
     fetch_wall_s: float = 0.015       # per batch in a worker
     fetch_cpu_s: float = 0.012        # CPU time of that fetch
     worker_torch_threads: int = 1
@@ -76,12 +78,17 @@ def write_run(path: Path, sc: Scenario) -> Path:
     if sc.offload is not None:
         config["offload"] = sc.offload
     t_first = t
+    switches = 0
+    if sc.with_loader and sc.autotune_pools > 1:
+        events.write({"kind": "autotune", "pid": MAIN_PID, "action": "start", "t": t, "period_s": 0.5,
+                      "iterable": False, "user": _autotune_settings(sc, sc.num_workers)})
     if sc.with_loader:
         for epoch in range(sc.epochs):
             workers = [] if sc.offload is not None else [next(worker_pid) for _ in range(sc.num_workers)]
             all_workers += workers
             t_created = t
-            events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": epoch, "loader_id": 0,
+            iter_id = epoch * sc.autotune_pools
+            events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": iter_id, "loader_id": 0,
                           "t_created": t_created, "t_ready": t_created + 0.001, "worker_pids": workers,
                           "config": config})
             rows, cuda_rows, h2d_rows = [], [], []
@@ -98,20 +105,44 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 if sc.h2d_host_s is not None:
                     h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
                 t = t_del + sc.compute_s
-            events.write({"kind": "steps", "pid": MAIN_PID, "iter_id": epoch, "rows": rows})
-            if cuda_rows:
-                events.write({"kind": "cuda", "pid": MAIN_PID, "iter_id": epoch, "rows": cuda_rows})
+            bounds = [round(k * sc.steps_per_epoch / sc.autotune_pools) for k in range(sc.autotune_pools)]
+            for k, (a, b) in enumerate(zip(bounds, bounds[1:] + [sc.steps_per_epoch])):
+                start, end = t_created + sc.startup_s * 0.5, t if b == sc.steps_per_epoch else rows[b - 1][2]
+                if k:  # autotune switched mid-epoch: a new pool, while the old one delivers what it had in flight
+                    start = rows[max(a - sc.num_workers * (sc.prefetch_factor or 0), 0)][1]
+                    switches += 1
+                    pool = _autotune_switch(events, sc, start, switches)
+                    workers = [next(worker_pid) for _ in range(pool["num_workers"])]
+                    all_workers += workers
+                    events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": iter_id + k, "loader_id": 0,
+                                  "t_created": start + 1e-4, "t_ready": start + 0.001, "worker_pids": workers,
+                                  "config": {**config, **pool}})
+                renumbered = [[i - a, *row[1:]] for i, row in enumerate(rows[a:b], a)]
+                events.write({"kind": "steps", "pid": MAIN_PID, "iter_id": iter_id + k, "rows": renumbered})
+                if cuda_rows:
+                    events.write({"kind": "cuda", "pid": MAIN_PID, "iter_id": iter_id + k,
+                                  "rows": [[i - a, *row[1:]] for i, row in enumerate(cuda_rows[a:b], a)]})
+                _write_fetches(path, sc, workers, start, end, b - a)
             if h2d_rows:
                 events.write({"kind": "h2d", "pid": MAIN_PID, "rows": h2d_rows})
-            _write_fetches(path, sc, workers, t_created + sc.startup_s * 0.5, t)
+            if sc.stop_s is not None:
+                events.write({"kind": "epoch_end", "pid": MAIN_PID, "iter_id": iter_id + sc.autotune_pools - 1,
+                              "t_request": t, "t": t + sc.stop_s})
+                t += sc.stop_s
             if sc.stall_s is not None and epoch == sc.epochs - 1:
-                events.write({"kind": "stall", "pid": MAIN_PID, "iter_id": epoch, "t_request": t,
+                events.write({"kind": "stall", "pid": MAIN_PID, "iter_id": iter_id + k, "t_request": t,
                               "waited_s": sc.stall_s, "worker_pids": workers})
                 t += sc.stall_s
     else:
         t += 3.0
     for ev in sc.offload_events:
         events.write({"kind": "offload", "pid": MAIN_PID, **ev})
+    if switches:
+        last = _autotune_settings(sc, sc.num_workers + switches)
+        events.write({"kind": "autotune", "pid": MAIN_PID, "action": "settled", "t": t, "settings": last,
+                      "label": f"w{last['num_workers']} p{last['prefetch_factor']}", "samples_per_s": 3000.0,
+                      "user_samples_per_s": 1500.0, "speedup": 2.0, "noise": 0.03, "trials": switches,
+                      "periods": switches + 1, "stopped": None})
     if sc.cuda_device is not None:
         events.write({"kind": "cuda_device", "pid": MAIN_PID, "t": t_first, **sc.cuda_device})
     events.close()
@@ -141,11 +172,24 @@ def write_run(path: Path, sc: Scenario) -> Path:
     return path
 
 
-def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: float) -> None:
+def _autotune_settings(sc: Scenario, workers: int) -> dict:
+    return {"num_workers": workers, "prefetch_factor": sc.prefetch_factor, "persistent_workers": sc.persistent_workers,
+            "pin_memory": sc.pin_memory}
+
+
+def _autotune_switch(events: JsonlWriter, sc: Scenario, t: float, n: int) -> dict:
+    """--autotune's ``n``-th switch (to one more worker each time), as its event says; the new pool's settings."""
+    old, new = _autotune_settings(sc, sc.num_workers + n - 1), _autotune_settings(sc, sc.num_workers + n)
+    events.write({"kind": "autotune", "pid": MAIN_PID, "action": "switch", "t": t, "old": old, "new": new,
+                  "label": f"w{new['num_workers']} p{new['prefetch_factor']}", "where": "mid-epoch"})
+    return {k: new[k] for k in ("num_workers", "prefetch_factor", "persistent_workers")}
+
+
+def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: float, batches: int) -> None:
     producers = workers
     if not producers:
         return  # num_workers=0: the steps carry it
-    per_producer = max(1, sc.steps_per_epoch // len(producers))
+    per_producer = max(1, batches // len(producers))
     for n, pid in enumerate(producers):
         writer = JsonlWriter(path / schema.EVENTS_DIR / f"{pid}.jsonl")
         span = (t1 - t0) / per_producer

@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpufeed.autotune.hook import ENV_AUTOTUNE
+import pytest
 
+from gpufeed.analysis import analyze
+from gpufeed.autotune.hook import ENV_AUTOTUNE
+from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
+from tests.test_report import assert_settings_drawn, browser  # noqa: F401 (the fixture)
+from tests.test_trace import assert_settings_traced
 
 SCRIPT = str(WORKLOADS / "autotune_target.py")
 FAST = json.dumps({"period_s": 0.3, "min_batches": 5})  # short periods: several switches in a few seconds
@@ -36,23 +41,75 @@ def _same_as_plain(tuned: dict, plain: dict) -> None:
         assert sorted(epoch) == list(range(len(epoch)))
 
 
-def test_diagnose_autotune_switches_mid_epoch_and_delivers_exactly_once(tmp_path, monkeypatch):
-    monkeypatch.setenv(ENV_AUTOTUNE, FAST)
-    record = tmp_path / "tuned.json"
-    result = gpufeed(["diagnose", "--autotune", "--out", str(tmp_path / "run"), "--", sys.executable, SCRIPT,
-                      "--record", str(record)], cwd=tmp_path)
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory) -> Path:
+    """One ``gpufeed diagnose --autotune --report`` of the training script (3 epochs), that switched
+    mid-epoch; ``tuned.json`` beside its run directory holds every sample index it delivered."""
+    tmp_path = tmp_path_factory.mktemp("tuned")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(ENV_AUTOTUNE, FAST)
+        result = gpufeed(["diagnose", "--autotune", "--report", "--out", str(tmp_path / "run"), "--", sys.executable,
+                          SCRIPT, "--record", str(tmp_path / "tuned.json")], cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert_nothing_left_running(SCRIPT)
-    events = _events(tmp_path / "run")
-    actions = [e["action"] for e in events]
+    switches = [e for e in _events(tmp_path / "run") if e["action"] == "switch"]
+    assert any(e["where"] == "mid-epoch" for e in switches), switches
+    return tmp_path
+
+
+def test_diagnose_autotune_switches_mid_epoch_and_delivers_exactly_once(tuned):
+    actions = [e["action"] for e in _events(tuned / "run")]
     assert actions[0] == "start" and "measured" in actions
-    switches = [e for e in events if e["action"] == "switch"]
-    assert any(e["where"] == "mid-epoch" for e in switches), actions
-    _same_as_plain(json.loads(record.read_text()), _plain(tmp_path))
+    _same_as_plain(json.loads((tuned / "tuned.json").read_text()), _plain(tuned))
     # The validation loader (built elsewhere, iterated under no_grad) was left as it was.
-    iterators = [json.loads(line) for f in (tmp_path / "run" / "events").glob("*.jsonl")
+    iterators = [json.loads(line) for f in (tuned / "run" / "events").glob("*.jsonl")
                  for line in f.read_text().splitlines() if '"iterator"' in line]
     assert {i["config"]["num_workers"] for i in iterators if i["role"] == "eval"} == {0}
+
+
+def test_diagnose_autotune_reads_its_pools_as_the_epochs_they_made(tuned):
+    """Each pool a mid-epoch switch started is filed under its epoch: 3 epochs, however many pools;
+    worker start-up is each epoch's first pool's (not the old pool's drain after a switch)."""
+    d = analyze(tuned / "run")
+    record = load_run(tuned / "run")
+    (training,) = [s for s in d.loaders if s.training]
+    its = [it for it in record.iterators if training.owns(it)]
+    assert sum(1 + len(it.epoch_starts) for it in its) == 3  # the script's 3 epochs
+    assert d.metrics.iterators == len(its) <= 3
+    assert any(len(it.pools) > 1 for it in its), "a mid-epoch pool filed under its epoch"
+    pools = [pool for it in its for pool in (it.pools or [it])]
+    mid_epoch = [e for e in record.autotune if e["action"] == "switch" and e["where"] != "epoch start"]
+    assert len(pools) == len(its) + len(mid_epoch)  # every pool a mid-epoch switch started, and no other
+    assert training.steps == 3 * 60  # the script's 60 batches an epoch, all in the one loader
+    firsts = sum(float(it.steps.t_deliver[0] - it.t_created) for it in its)
+    assert d.metrics.worker_startup_s == pytest.approx(firsts)
+    # The script's own loader starts its worker again each epoch (60 batches): if that costs enough to
+    # be said, it counts the epochs that started a pool (a persistent pool goes on into the next
+    # epoch), never a pool started mid-epoch.
+    restart = d.finding("worker_restart")
+    assert restart is None or restart.evidence["iterators"] == len(its)
+
+
+def test_one_autotuned_epoch_is_one_epoch(tmp_path, monkeypatch):
+    """One epoch whose pools autotune switched mid-epoch: no worker start-up finding, whatever the
+    load (read as pools, each switch's drain was a start-up and each pool an epoch)."""
+    monkeypatch.setenv(ENV_AUTOTUNE, FAST)
+    result = gpufeed(["diagnose", "--autotune", "--out", str(tmp_path / "run"), "--", sys.executable, SCRIPT,
+                      "--epochs", "1", "--steps-per-epoch", "180"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = load_run(tmp_path / "run")
+    assert any(e["action"] == "switch" and e["where"] == "mid-epoch" for e in record.autotune)
+    d = analyze(tmp_path / "run")
+    assert d.metrics.iterators == 1 and d.finding("worker_restart") is None, d.finding_ids
+    (training,) = [s for s in d.loaders if s.training]
+    assert training.steps == 180
+
+
+def test_report_and_trace_draw_the_settings_of_an_autotuned_run(tuned, browser, tmp_path):
+    assert_settings_drawn(browser, tuned / "run", tuned / "run" / "report.html")
+    result = gpufeed(["trace", str(tuned / "run"), "-o", str(tmp_path / "t.json")], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert_settings_traced(tuned / "run", tmp_path / "t.json")
 
 
 def test_run_autotune_says_each_switch_on_stderr(tmp_path, monkeypatch):

@@ -10,9 +10,10 @@ import pytest
 
 from gpufeed import thresholds as th
 from gpufeed.autotune import distributed_refusal
-from gpufeed.autotune.controller import MEASURED, RECOVER, REFUSED, Controller
+from gpufeed.autotune.controller import MEASURED, RECOVER, REFUSED, Controller, Period
 from gpufeed.autotune.hook import describe
 from gpufeed.autotune.memory import HostMemory, batch_bytes
+from gpufeed.autotune.model import live_what_if
 from gpufeed.autotune.switching import normalized
 from gpufeed.measure.inside.overrides import LoaderSettings
 
@@ -181,3 +182,29 @@ def test_several_ranks_decline_in_one_sentence(monkeypatch, env, refused):
     assert (why is not None) == refused
     if refused:
         assert why.count(". ") == 0 and why.endswith(".") and "2 ranks" in why
+
+
+def _period(settings: LoaderSettings, batches: int, elapsed_s: float, wait_share: float, main_cores: float | None,
+            workers_cores: float | None) -> Period:
+    cores = None if main_cores is None or workers_cores is None else main_cores + workers_cores
+    return Period(settings, batches * 8 / elapsed_s, wait_share, None if workers_cores is None else workers_cores,
+                  elapsed_s, batches, cores_used=cores, main_cores=main_cores, host_busy_cores=cores)
+
+
+@pytest.mark.parametrize("user, period, best", [
+    # storage: 33 ms a batch with one worker, 3 of them on a core, 2 ms of step: the cores cap it at
+    # 2 / 5 ms = 400 batches/s, which 13-14 workers reach (each 33 ms a batch)
+    (LoaderSettings(num_workers=1, prefetch_factor=2), (300, 10.0, 0.94, 0.05, 0.10), range(13, 15)),
+    # CPU-bound, no workers: 16 ms of CPU in next() and a 2 ms step; two cores make 2 / 18.7 ms
+    (LoaderSettings(num_workers=0), (550, 10.0, 0.89, 1.0, 0.0), range(2, 3)),
+])
+def test_the_what_if_models_best_from_a_live_period(user, period, best):
+    p = _period(normalized(user, user), *period)
+    model = live_what_if(p, cpu_count=2, batches_per_epoch=300, cuda=False)
+    assert model.cannot_predict is None and model.best.num_workers in best, model.best
+    assert p.facts(2, 300).what_if.best == model.best  # what the search reads as the run's diagnosis
+
+
+def test_no_prediction_without_the_pools_cpu():
+    p = _period(LoaderSettings(num_workers=2, prefetch_factor=2), 300, 10.0, 0.5, 0.05, None)
+    assert live_what_if(p, cpu_count=2, batches_per_epoch=300, cuda=False).cannot_predict

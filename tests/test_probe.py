@@ -243,3 +243,18 @@ def test_two_loaders_with_the_same_settings_are_told_apart(tmp_path):
     by_steps = sorted((s.steps, s.iterators, s.loader_id) for s in run.diagnosis.loaders)
     assert [(steps, iterators) for steps, iterators, _ in by_steps] == [(10, 1), (20, 2)]
     assert by_steps[0][2] != by_steps[1][2]
+
+
+def test_the_next_that_ends_an_epoch_is_recorded(tmp_path):
+    """Without persistent workers torch shuts the workers down inside the next() that ends the epoch:
+    the probe records that call (``epoch_end``), once per epoch, after the epoch's last batch."""
+    loader = DataLoader(Squares(16), batch_size=4, num_workers=2)
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        for _ in range(2):
+            for _batch in loader:
+                pass
+    iterators = load_run(run.run_dir).iterators
+    assert len(iterators) == 2
+    for it in iterators:
+        ((t_request, t_end),) = it.epoch_ends
+        assert it.steps.t_deliver[-1] <= t_request < t_end

@@ -120,6 +120,40 @@ def test_zoom_moves_every_timeline_chart(tmp_path, browser):
     assert ranges == [[1, 2]] * 5
 
 
+def test_autotune_settings_timeline(tmp_path, browser):
+    """An autotuned run: a settings chart under the throughput, a point at each switch (as many as the
+    record's switch events, at the settings each switched to), the winner, and each switch listed."""
+    run = write_run(tmp_path / "run", Scenario(epochs=3, autotune_pools=3, prefetch_factor=4, warmup_steps=0))
+    assert_settings_drawn(browser, run, write_report(run, tmp_path / "r.html"))
+
+
+def assert_settings_drawn(browser: Chromium, run: Path, html: Path) -> None:
+    """The report of autotuned ``run`` draws what its ``autotune`` events say (also used on a real run)."""
+    events = sorted((json.loads(line) for f in (run / "events").glob("*.jsonl") for line in f.read_text().splitlines()
+                     if '"autotune"' in line), key=lambda e: e["t"])
+    switches = [e for e in events if e["action"] == "switch"]
+    assert switches, "the run switched"
+    session, shown = rendered(browser, html)
+    ids = shown["ids"]
+    assert "run-0-settings" in ids and ids.index("run-0-settings") == ids.index("run-0-rate") + 1, ids
+    drawn = chart_series(browser, session, "run-0-settings")
+    marked = [(t, w) for t, w in zip(drawn["x"], drawn["switch"]) if w is not None]
+    assert len(marked) == len(switches)
+    assert [w for _, w in marked] == [e["new"]["num_workers"] for e in switches]
+    # the step line holds each switch's num_workers from its dot on
+    assert all(drawn["num_workers"][drawn["x"].index(t)] == w for t, w in marked)
+    rows = browser.evaluate(session, "[...document.querySelectorAll('#run-0-autotune [data-switch]')].map(e => e.dataset.switch)")
+    assert rows == [e["label"] for e in switches]
+    lines = browser.evaluate(session, "DATA.runs[0].timeline.autotune.switches.length")
+    assert lines == len(switches), "a dashed line across the timeline at each switch"
+    settled = [e for e in events if e["action"] == "settled"]
+    text = browser.evaluate(session, "document.getElementById('run-0-autotune').innerText")
+    if settled:
+        assert f"settled on {settled[-1]['label']}" in text
+    else:
+        assert "had not settled" in text
+
+
 def test_stalled_loader_shows_each_process_and_its_stack(tmp_path, browser):
     run = write_run(tmp_path / "run", Scenario(stall_s=30.0, end_reason=schema.END_STALLED))
     (run / schema.STACKS_DIR / "2000.txt").write_text('  File "/data/<script>x()</script>.py", line 1 in get\n')

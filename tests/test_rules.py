@@ -100,6 +100,35 @@ def test_worker_restart_quiet(tmp_path, change):
     assert diagnose(tmp_path, dataclasses.replace(RESTARTS, **change)).finding("worker_restart") is None
 
 
+# --autotune switched twice in each of 3 epochs: each switch starts a pool while the old one delivers
+# its 8 batches in flight (2 workers x prefetch 4): 84 ms from the pool's creation to its first batch.
+AUTOTUNED = Scenario(epochs=3, autotune_pools=3, prefetch_factor=4, warmup_steps=0)
+
+
+def test_autotune_pools_are_one_epoch_not_worker_restarts(tmp_path):
+    """The pools --autotune switches between mid-epoch are one epoch of one loader (record/pools.py):
+    no worker_restart from them, and the epochs are counted right. The same iterators without the
+    switch events that mark them read as restarts; real restarts of a plain run still fire."""
+    run = write_run(tmp_path / "run", AUTOTUNED)
+    d = analyze(run)
+    assert d.finding("worker_restart") is None
+    assert d.metrics.iterators == 3  # 9 pools, 3 epochs
+    assert d.metrics.worker_startup_s == pytest.approx(3 * AUTOTUNED.startup_s, rel=0.01)  # each epoch's first pool
+    assert d.metrics.steps == 3 * AUTOTUNED.steps_per_epoch
+    (training,) = [s for s in d.loaders if s.training]
+    assert training.iterators == 3 and training.steps == 3 * AUTOTUNED.steps_per_epoch
+
+    events = run / "events" / "1000.jsonl"
+    events.write_text("".join(line for line in events.read_text().splitlines(keepends=True) if '"autotune"' not in line))
+    unmarked = analyze(run)
+    assert unmarked.metrics.iterators == 9
+    assert unmarked.finding("worker_restart") is not None  # what the pools would read as, unfiled
+
+    plain = diagnose(tmp_path / "plain", dataclasses.replace(AUTOTUNED, autotune_pools=1, startup_s=0.3))
+    f = plain.finding("worker_restart")
+    assert f is not None and f.evidence["iterators"] == 3
+
+
 def test_pageable_transfer_fires_on_blocking_copies(tmp_path):
     d = diagnose(tmp_path, PAGEABLE)
     f = d.finding("pageable_transfer")

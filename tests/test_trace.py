@@ -140,3 +140,29 @@ def test_times_are_microseconds_and_each_data_wait_lies_in_its_step(tmp_path):
     for step, wait in zip(steps, waits):
         assert (step["pid"], step["tid"]) == (wait["pid"], wait["tid"]) == (MAIN_PID, MAIN_PID)
         assert step["ts"] <= wait["ts"] and wait["ts"] + wait["dur"] <= step["ts"] + step["dur"] + 0.2, (step, wait)
+
+
+def test_autotune_settings_track(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(epochs=3, autotune_pools=3, prefetch_factor=4, warmup_steps=0))
+    assert_settings_traced(run, write_trace(run, tmp_path / "t.json"))
+
+
+def assert_settings_traced(run: Path, path: Path) -> None:
+    """An autotuned run's trace: on the training process's track, a counter of the settings that
+    steps at each switch (your settings first), an instant event per switch, one where it settled."""
+    autotune = sorted((json.loads(line) for f in (run / "events").glob("*.jsonl") for line in f.read_text().splitlines()
+                       if '"autotune"' in line), key=lambda e: e["t"])
+    switches = [e for e in autotune if e["action"] == "switch"]
+    assert switches, "the run switched"
+    events = validate(path)
+    counter = sorted((e for e in events if e["ph"] == "C" and e["name"] == "autotune settings"), key=lambda e: e["ts"])
+    start = next(e for e in autotune if e["action"] == "start")
+    assert [e["args"]["num_workers"] for e in counter] == [start["user"]["num_workers"]] + [
+        e["new"]["num_workers"] for e in switches]
+    assert {e["pid"] for e in counter} == {start["pid"]}
+    instants = sorted((e for e in events if e["ph"] == "i" and e.get("cat") == "autotune"), key=lambda e: e["ts"])
+    said = [e for e in instants if e["name"].startswith("autotune: switched to")]
+    assert [e["name"] for e in said] == [f"autotune: switched to {e['label']} ({e['where']})" for e in switches]
+    assert [e["ts"] for e in said] == [e["ts"] for e in counter[1:]], "each switch where its counter steps"
+    settled = [e for e in autotune if e["action"] == "settled"]
+    assert len([e for e in instants if e["name"].startswith("autotune: settled on")]) == len(settled)

@@ -161,6 +161,22 @@ def test_run_dir_given(tmux):
     assert tmux.exit_code() == 0
 
 
+def test_autotune_line(tmux):
+    """An autotuned run: one line with the settings in force, the switches so far and the last decision."""
+    run = running_run(tmux.tmp / "tuned", epochs=3, autotune_pools=3, prefetch_factor=4)
+    autotune = [json.loads(line) for line in (run / "events" / "1000.jsonl").read_text().splitlines() if '"autotune"' in line]
+    switches = [e for e in autotune if e["action"] == "switch"]
+    settled = [e for e in autotune if e["action"] == "settled"]
+    assert len(switches) == 6 and len(settled) == 1
+    expected = f"autotune {switches[-1]['label']} (6 switches)  last: settled on {settled[-1]['label']}"
+    assert read_run(run).autotune.startswith(expected[len("autotune "):])
+    tmux.start(str(run) + " --interval 0.2")
+    tmux.wait_for(re.escape(expected))
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0
+    assert read_run(running_run(tmux.tmp / "plain")).autotune is None
+
+
 def test_missing_run_dir(tmp_path):
     result = gpufeed(["watch", str(tmp_path / "nope")], cwd=tmp_path)
     assert result.returncode == cli.EXIT_BAD_RECORD and "nope is not a directory" in result.stderr

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gpufeed import thresholds as th
 from gpufeed.analysis import analyze
 from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, LIMIT_WORKERS, answer_run
 from tests.synthetic import Scenario, write_run
@@ -46,16 +47,33 @@ def test_enough_workers_reach_the_ceiling_of_the_step(tmp_path):
 
 
 def test_cpu_bound_batches_are_capped_by_the_cores(tmp_path):
-    w = run(tmp_path, CPU_BOUND, workers=16)
+    w = run(tmp_path, CPU_BOUND, workers=16, persistent=True)
     p = w.predictions[0]
     assert w.costs.cpu_s == pytest.approx(0.030)
     assert p.limit == LIMIT_CORES
     # 2 cores / (30 ms of the workers + the training process's ~1 ms) per batch of 32 samples.
     assert p.samples_per_s == pytest.approx(2 / 0.031 * 32, rel=0.08)
-    four = answer_run(tmp_path / "run", workers=16, cores=4).predictions[0]
+    four = answer_run(tmp_path / "run", workers=16, cores=4, persistent=True).predictions[0]
     assert four.samples_per_s == pytest.approx(2 * p.samples_per_s, rel=0.02)
     # 1 ms steps need 31 ms of CPU each: about 31 cores to keep the loop fed.
     assert w.cores_for_ceiling == pytest.approx(31, abs=3)
+
+
+def test_workers_started_each_epoch_cost_their_start_and_stop(tmp_path):
+    """Started again each epoch, every worker is forked and, at the epoch's end, shut down: from a
+    run without workers that cost is the documented typical one; a run whose epochs ended with
+    workers measures its own (the ``epoch_end`` events)."""
+    steady = run(tmp_path, CPU_BOUND, workers=16, persistent=True).predictions[0].samples_per_s
+    costs = answer_run(tmp_path / "run", workers=16).costs
+    assert (costs.spawn_s, costs.stop_s) == (th.WHATIF_WORKER_SPAWN_S, th.WHATIF_WORKER_STOP_S)
+    restarted = answer_run(tmp_path / "run", workers=16, persistent=False).predictions[0].samples_per_s
+    epoch_samples = CPU_BOUND.steps_per_epoch * CPU_BOUND.batch_size
+    extra_s = epoch_samples / restarted - epoch_samples / steady
+    assert extra_s == pytest.approx(16 * (th.WHATIF_WORKER_SPAWN_S + th.WHATIF_WORKER_STOP_S), rel=0.25)
+
+    slow_stop = dataclasses.replace(STORAGE, persistent_workers=False, epochs=3, stop_s=0.2)
+    measured = answer_run(write_run(tmp_path / "stops", slow_stop), workers=2).costs
+    assert measured.stop_s == pytest.approx(0.1)   # 0.2 s for the run's 2 workers
 
 
 def test_no_workers_is_the_batch_plus_the_step(tmp_path):
@@ -72,6 +90,39 @@ def test_a_faster_gpu_raises_the_ceiling_not_the_loader(tmp_path):
     assert fast.ceiling_samples_per_s > 1.5 * base.ceiling_samples_per_s
     # With the step twice as fast, 16 workers asleep 95 ms a batch become the limit.
     assert fast.predictions[0].limit == LIMIT_WORKERS
+
+
+def test_a_faster_cpu_shrinks_cpu_seconds_not_storage_waits(tmp_path):
+    cpu = run(tmp_path / "cpu", CPU_BOUND, workers=16, persistent=True).predictions[0]
+    fast = answer_run(tmp_path / "cpu" / "run", workers=16, persistent=True, cpu_speedup=2.0).predictions[0]
+    assert fast.limit == LIMIT_CORES and fast.samples_per_s == pytest.approx(2 * cpu.samples_per_s, rel=0.02)
+    assert fast.label.endswith("CPU 2x")
+    # Workers asleep 95 ms of a 100 ms batch: half their 5 ms of CPU saves 2.5%.
+    storage = run(tmp_path / "storage", STORAGE).predictions[0]
+    quicker = answer_run(tmp_path / "storage" / "run", cpu_speedup=2.0).predictions[0]
+    assert storage.limit == LIMIT_WORKERS
+    assert quicker.samples_per_s == pytest.approx(storage.samples_per_s * 1.025, rel=0.01)
+
+
+def test_a_stretch_where_other_programs_held_the_cores_is_left_out_of_the_costs(tmp_path):
+    """On a shared machine another program can slow every step for a while; the costs are the job's
+    own, from the rest of the run, where that leaves enough steps."""
+    from gpufeed.analysis import ranks
+    from gpufeed.analysis.metrics import loader_summaries
+    from gpufeed.analysis.whatif import measure_costs
+    from gpufeed.record.reader import load_run
+
+    record = load_run(write_run(tmp_path / "run", dataclasses.replace(STORAGE, wait_s=0.020)))
+    m, training = ranks.job_metrics(record, loader_summaries(record))
+    assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.010, rel=0.05)
+    half = (m.window_start_t + m.window_end_t) / 2
+    for it in record.iterators:  # the first half's steps 19 ms slower: 1 ms in next(), 29 ms after it
+        slow = it.steps.t_request < half
+        it.steps.t_deliver[slow] = it.steps.t_request[slow] + 0.001
+    assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.0195, rel=0.1)
+    samples = record.samples
+    samples.cpu_pct[samples.t <= half] = 100.0   # ... while every core was busy, mostly not with the job
+    assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.010, rel=0.05)
 
 
 def test_worker_restart_each_epoch_is_amortised(tmp_path):

@@ -37,6 +37,9 @@ def test_diagnose_shows_what_if_and_what_if_answers_from_the_record(tmp_path):
     faster = json.loads(_what_if(tmp_path, run_dir, "--workers", "16", "--gpu-speedup", "4"))
     assert faster["ceiling_samples_per_s"] > w["ceiling_samples_per_s"]
     assert faster["predictions"][0]["gpu_speedup"] == 4
+    cpu = json.loads(_what_if(tmp_path, run_dir, "--workers", "8", "--persistent", "--cpu-speedup", "2"))
+    assert cpu["predictions"][0]["label"] == "w8 persistent on 2 cores, CPU 2x"
+    assert cpu["predictions"][0]["samples_per_s"] > asked["samples_per_s"]
 
 
 def test_what_if_refuses_a_run_with_too_few_steps(tmp_path):
@@ -62,7 +65,7 @@ def _what_if(tmp_path, run_dir, *args) -> str:
 
 
 def test_what_if_bad_numbers_are_usage_errors(tmp_path, capsys):
-    for flag, value in (("--cores", "0"), ("--gpu-speedup", "nan"), ("--workers", "-1")):
+    for flag, value in (("--cores", "0"), ("--gpu-speedup", "nan"), ("--cpu-speedup", "-2"), ("--workers", "-1")):
         with pytest.raises(SystemExit) as exit_:
             cli.main(["what-if", str(tmp_path), flag, value])
         assert exit_.value.code == cli.EXIT_USAGE

@@ -56,6 +56,7 @@ class Costs:
     main_cpu_s: float
     startup_s: float             # a new iterator's start-up before its first batch, besides the fetch
     spawn_s: float               # of which per worker (forking it)
+    stop_s: float                # per worker, shutting it down at an epoch's end (non-persistent)
     batches_per_epoch: float
     samples_per_batch: float
     cores: float
@@ -71,6 +72,16 @@ class Costs:
             return self
         main = self.main_cpu_s if self.cuda else max(self.main_cpu_s - self.compute_s * (1 - 1 / gpu_speedup), 0.0)
         return replace(self, compute_s=self.compute_s / gpu_speedup, main_cpu_s=main)
+
+    def on_faster_cpu(self, cpu_speedup: float) -> "Costs":
+        """A host CPU ``cpu_speedup`` times faster: every CPU second shrinks (the workers' and the training
+        process's, the hand-off, forking); waiting on storage does not, nor a step on the GPU."""
+        if cpu_speedup == 1.0:
+            return self
+        k = 1.0 / cpu_speedup
+        return replace(self, cpu_s=self.cpu_s * k, handoff_s=self.handoff_s * k, receive_s=self.receive_s * k,
+                       main_cpu_s=self.main_cpu_s * k, spawn_s=self.spawn_s * k, stop_s=self.stop_s * k,
+                       compute_s=self.compute_s if self.cuda else self.compute_s * k)
 
 
 @dataclass(frozen=True)
@@ -156,12 +167,13 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = StepRows.concat(it.steps for it in its)
     steps = steps[np.argsort(steps.t_request, kind="stable")]
-    in_window = steps[(steps.t_request >= t0) & (steps.t_request < t1)]
+    spans = _quiet_spans(record, m, steps)
+    in_window = steps[_within(steps.t_request, spans)]
     workers = int(m.num_workers or 0)
 
     if workers:
         rows = FetchRows.concat(f.rows for f in record.fetches if f.pid in set(training.worker_pids))
-        inside = rows[(rows.t_end >= t0) & (rows.t_end <= t1)]
+        inside = rows[_within(rows.t_end, spans)]
         rows = inside if len(inside) >= th.WHATIF_MIN_STEPS else rows
         if len(rows) < th.WHATIF_MIN_STEPS:
             raise CannotPredict(f"the workers reported {len(rows)} batches; the model needs {th.WHATIF_MIN_STEPS}")
@@ -185,19 +197,19 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         wall, cpu = in_window.wait, timed.cpu_s
         asleep = np.clip(wall - cpu.mean(), 0.0, None)
         receive = 0.0
-    compute = _compute_times(its, t0, t1)
+    compute = _compute_times(its, spans)
     if len(compute) < 2:
         raise CannotPredict("too few steps with a measured compute time")
 
-    main_cpu = _main_cpu_per_step(record, training.pid, t0, t1, in_window, workers)
+    main_cpu = _main_cpu_per_step(record, training.pid, spans, in_window, workers)
     if main_cpu is None:
         raise CannotPredict("no CPU readings of the training process (the sampler saw none in the window)")
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
-    startups, spawns, per_epoch = _startup(its, workers)
+    startups, spawns, stops, per_epoch = _startup(its, workers)
     handoff = th.WHATIF_HANDOFF_S
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
-        measured = _handoff(record, set(training.worker_pids), rows, t0, t1)
+        measured = _handoff(record, set(training.worker_pids), rows, spans)
         handoff = measured if measured is not None else handoff
     others = 0.0
     if m.cpu_cores_busy is not None and m.cpu_cores_command is not None:
@@ -208,7 +220,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
 
     def costs(q: float | None) -> Costs:
         return Costs(cpu_s=_q(cpu, q), sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q),
-                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns,
+                     receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, stop_s=stops,
                      batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
@@ -224,19 +236,64 @@ def _q(values: np.ndarray, q: float | None) -> float:
     return float(values.mean()) if q is None else float(np.percentile(values, q))
 
 
-def _compute_times(its: list, t0: float, t1: float) -> np.ndarray:
+def _quiet_spans(record: RunRecord, m: Metrics, steps: StepRows) -> np.ndarray:
+    """The stretches of the window whose readings give the costs, as rows of (start, end).
+
+    A stretch where other programs kept the job's cores full is not the job's steady state: on this
+    kind of shared VM a training step measured 1.3 ms alone and 20-25 ms while another program held
+    a core (bench/results/what_if.md), and a mean over both describes neither. Such stretches are left
+    out of the costs when the rest still holds enough steps; what other programs take is counted
+    once, by the cores bound (``other_cores``, over the whole window)."""
+    t0, t1 = m.window_start_t, m.window_end_t
+    whole = np.array([[t0, t1]])
+    s = record.samples
+    cores = [c for c in (m.cpu_cores or range(s.cpu_pct.shape[1])) if c < s.cpu_pct.shape[1]]
+    idx = [i for i in np.flatnonzero((s.t > t0) & (s.t <= t1)) if i > 0 and s.procs[i]]
+    if not idx or not cores:
+        return whole
+    busy = np.array([np.nansum(s.cpu_pct[i][cores]) / 100.0 for i in idx])
+    own = np.array([sum(row[2] or 0.0 for row in s.procs[i]) / 100.0 for i in idx])
+    contended = (busy - own >= th.WHATIF_CONTENDED_OTHER_CORES) & (busy >= len(cores) - th.WHATIF_CONTENDED_IDLE_CORES)
+    if not contended.any():
+        return whole
+    quiet = np.array([[max(float(s.t[i - 1]), t0), float(s.t[i])] for i, c in zip(idx, contended) if not c])
+    if not len(quiet):
+        return whole
+    quiet_s = float((quiet[:, 1] - quiet[:, 0]).sum())
+    if quiet_s < th.WHATIF_MIN_QUIET_SHARE * (t1 - t0) or _within(steps.t_request, quiet).sum() < th.WHATIF_MIN_STEPS:
+        return whole
+    return quiet
+
+
+def _within(t: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Which of the times ``t`` fall inside one of the ``spans`` (rows of start, end)."""
+    t = np.asarray(t, dtype=float)
+    return ((t[:, None] >= spans[None, :, 0]) & (t[:, None] < spans[None, :, 1])).any(axis=1)
+
+
+def _intervals_within(t: np.ndarray, spans: np.ndarray) -> list[int]:
+    """The sampler readings (each covering ``t[i-1]`` to ``t[i]``) whose interval's middle is in the spans."""
+    if len(t) < 2:
+        return []
+    return [i + 1 for i in np.flatnonzero(_within((t[1:] + t[:-1]) / 2, spans))]
+
+
+def _span_s(spans: np.ndarray) -> float:
+    return float((spans[:, 1] - spans[:, 0]).sum())
+
+
+def _compute_times(its: list, spans: np.ndarray) -> np.ndarray:
     """Delivery to the next request of the same iterator: the step's own time."""
     out = []
     for it in its:
         s = it.steps
         if len(s) < 2:
             continue
-        keep = (s.t_request[:-1] >= t0) & (s.t_request[:-1] < t1)
-        out.append((s.t_request[1:] - s.t_deliver[:-1])[keep])
+        out.append((s.t_request[1:] - s.t_deliver[:-1])[_within(s.t_request[:-1], spans)])
     return np.concatenate(out) if out else np.empty(0)
 
 
-def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps: StepRows,
+def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: StepRows,
                        workers: int) -> float | None:
     """The training process's CPU seconds per step outside next(), from the sampler's readings.
 
@@ -246,58 +303,64 @@ def _main_cpu_per_step(record: RunRecord, pid: int, t0: float, t1: float, steps:
     workers the batch is made inside next(): every CPU second counts (the caller takes the batch's off).
     """
     s = record.samples
-    idx = [i for i in np.flatnonzero((s.t >= t0) & (s.t <= t1)) if i > 0]
+    idx = _intervals_within(s.t, spans)
     rows = []
     for i in idx:
         pct = next((row[2] for row in s.procs[i] if row[0] == pid and row[2] is not None), None)
         if pct is None:
             continue
         a, b = float(s.t[i - 1]), float(s.t[i])
-        waited = _waited(steps, a, b)
+        waited = _waited(steps, np.array([[a, b]]))
         rows.append((pct / 100.0 * (b - a), (b - a) - waited, waited))
     if len(rows) < th.WHATIF_MIN_SAMPLES or not len(steps):
         return None
     cpu, busy, waited = (np.array(col) for col in zip(*rows))
-    per_step = float(cpu.sum()) / len(steps) * (t1 - t0) / max(float(busy.sum() + waited.sum()), 1e-9)
+    per_step = float(cpu.sum()) / len(steps) * _span_s(spans) / max(float(busy.sum() + waited.sum()), 1e-9)
     if not workers:
         return per_step
     fit, *_ = np.linalg.lstsq(np.column_stack([busy, waited]), cpu, rcond=None)
     stepping = float(fit[0])
     if not np.isfinite(stepping) or stepping <= 0:
         return per_step
-    busy_per_step = (t1 - t0 - _waited(steps, t0, t1)) / len(steps)
+    busy_per_step = (_span_s(spans) - _waited(steps, spans)) / len(steps)
     return min(stepping * busy_per_step, per_step)
 
 
-def _handoff(record: RunRecord, workers: set[int], rows: FetchRows, t0: float, t1: float) -> float | None:
+def _handoff(record: RunRecord, workers: set[int], rows: FetchRows, spans: np.ndarray) -> float | None:
     """The workers' CPU per batch beyond their fetches: the sampler's CPU of the worker processes in the
-    window, less the fetches' own CPU, per batch made in it."""
+    stretches measured, less the fetches' own CPU, per batch made in them."""
     s = record.samples
-    idx = [i for i in np.flatnonzero((s.t >= t0) & (s.t <= t1)) if i > 0]
-    made = rows[(rows.t_end >= t0) & (rows.t_end <= t1)]
+    idx = _intervals_within(s.t, spans)
+    made = rows[_within(rows.t_end, spans)]
     if len(idx) < th.WHATIF_MIN_SAMPLES or not len(made):
         return None
     total = sum((row[2] or 0.0) / 100.0 * float(s.t[i] - s.t[i - 1]) for i in idx for row in s.procs[i]
                 if row[0] in workers)
-    covered = float(s.t[idx[-1]] - s.t[idx[0] - 1])
-    fetch_cpu = float(np.nansum(made.cpu_s)) * min(covered / (t1 - t0), 1.0)
+    covered = sum(float(s.t[i] - s.t[i - 1]) for i in idx)
+    fetch_cpu = float(np.nansum(made.cpu_s)) * min(covered / _span_s(spans), 1.0)
     return max(total - fetch_cpu, 0.0) / len(made)
 
 
-def _waited(steps: StepRows, t0: float, t1: float) -> float:
-    """Time inside next() between ``t0`` and ``t1``."""
-    return float(np.clip(np.minimum(steps.t_deliver, t1) - np.maximum(steps.t_request, t0), 0, None).sum())
+def _waited(steps: StepRows, spans: np.ndarray) -> float:
+    """Time inside next() within the ``spans``."""
+    return float(sum(np.clip(np.minimum(steps.t_deliver, b) - np.maximum(steps.t_request, a), 0, None).sum()
+                     for a, b in spans))
 
 
-def _startup(its: list, workers: int) -> tuple[float, float, float]:
+def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
-    (forking), and the batches of an epoch."""
+    (forking), the shutdown per worker at an epoch's end, and the batches of an epoch. Where this run
+    has no worker that started or stopped, a worker's start and stop are the documented typical ones."""
     firsts = [(it.t_created, it.t_ready, it.steps.t_deliver[0]) for it in its if len(it.steps)]
     startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
-    spawn = float(np.median([ready - created for created, ready, _first in firsts])) / workers if workers else 0.0
+    spawn = (float(np.median([ready - created for created, ready, _first in firsts])) / workers
+             if workers and firsts else th.WHATIF_WORKER_SPAWN_S)
+    ends = [t - t_request for it in its if it.worker_pids and not it.config.persistent_workers
+            for t_request, t in it.epoch_ends]
+    stop = float(np.median(ends)) / workers if workers and ends else th.WHATIF_WORKER_STOP_S
     epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
     per_epoch = sum(len(it.steps) for it in its) / max(epochs, 1)
-    return startup, spawn, per_epoch
+    return startup, spawn, stop, per_epoch
 
 
 # -- the model ------------------------------------------------------------------------------------------
@@ -331,7 +394,7 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
         # that part was production, not start-up, and is counted by the steady rate.
         latency = c.cpu_s + c.handoff_s + c.sleep_s
         init = max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
-        epoch_start = latency if persistent else init + c.spawn_s * workers + latency
+        epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
     return per_epoch * c.samples_per_batch / epoch_s, limit
 
@@ -371,6 +434,12 @@ def best_setting(spread: _Spread, *, cores: float | None = None, gpu_speedup: fl
     return min(close, key=lambda p: (p.num_workers, p.persistent_workers))
 
 
+def best_of(costs: Costs, *, max_workers: int | None = None) -> Prediction:
+    """The fastest setting for one set of costs (no spread): ``--autotune``'s first guess, from a
+    live period of the run (``gpufeed/autotune/model.py``)."""
+    return best_setting(_Spread(costs, costs, costs), max_workers=max_workers)
+
+
 def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
     """Samples/s with the data always ready: the step alone."""
     c = c.scaled(gpu_speedup)
@@ -406,22 +475,25 @@ def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findi
 
 def answer(record: RunRecord, training: LoaderSummary | None, m: Metrics, *, workers: int | None = None,
            cores: float | None = None, gpu_speedup: float = 1.0, persistent: bool | None = None,
-           other_cores: float | None = None) -> WhatIf:
+           other_cores: float | None = None, cpu_speedup: float = 1.0) -> WhatIf:
     """``gpufeed what-if``: the prediction for the settings asked (the run's own for those not given),
     and the best on the cores asked. ``other_cores``: the cores other programs take (default: what
-    they took during the run)."""
+    they took during the run); ``cpu_speedup``: a host CPU that many times faster."""
     try:
         spread = measure_costs(record, training, m)
     except CannotPredict as reason:
         return WhatIf(cannot_predict=str(reason))
     if other_cores is not None:
         spread = _Spread(*(replace(x, other_cores=other_cores) for x in (spread.p25, spread.p50, spread.p75)))
+    spread = _Spread(*(x.on_faster_cpu(cpu_speedup) for x in (spread.p25, spread.p50, spread.p75)))
     result = _answers(spread, _run_noise(record, training, m), m, cores, gpu_speedup)
     c = spread.p50
     w = c.workers if workers is None else workers
     p = c.persistent if persistent is None else persistent
     asked = predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=result.noise, why="as asked")
     result.predictions = [asked] + ([result.best] if result.best.label != asked.label else [])
+    if cpu_speedup != 1.0:
+        result.predictions = [replace(x, label=f"{x.label}, CPU {cpu_speedup:g}x") for x in result.predictions]
     return result
 
 

@@ -9,6 +9,7 @@ every sample delivered exactly once, in the order of a plain run (docs/autotune.
 
 - ``switching.py``: the exactly-once core, a loader whose settings can change mid-epoch;
 - ``controller.py``: the decisions, from live measurements, by ``gpufeed tune``'s search;
+- ``model.py``: the what-if model's best setting from a live period, where the search starts;
 - ``memory.py``: the host memory headroom guard;
 - ``hook.py``: ``gpufeed run --autotune`` / ``diagnose --autotune`` (the probe's one call).
 """

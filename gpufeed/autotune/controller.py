@@ -6,6 +6,9 @@ thread of its own, and each of its trials is one *decision period* of the real t
 those settings instead of a separate short run of the command. The controller adds what an online
 tuner needs on top, and nothing the search already decides:
 
+- each period's facts carry the what-if model's best setting, predicted from the period itself
+  (``model.py``): the search measures it first and climbs from there when it is faster, as ``tune``
+  does from the run of the user's configuration;
 - it searches only while the loop waits for data (``AUTOTUNE_SEARCH_WAIT_SHARE`` of a period's wall
   time, the share ``diagnose`` flags): otherwise no loader setting can buy anything, and it watches;
 - a period opens once the new pool has delivered what it prefetched while the old one drained
@@ -35,6 +38,7 @@ from typing import Any, Callable
 
 from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
+from gpufeed.autotune.model import live_what_if
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
 from gpufeed.tune.result import FAILED, OK, TrialRun
 
@@ -59,6 +63,7 @@ class _Window:
     startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
     worker_cpu0: dict[int, float] = field(default_factory=dict)
     main_cpu0: float | None = None
+    host_busy0: float | None = None
 
     def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool) -> None:
         self.seen += 1
@@ -89,6 +94,8 @@ class Period:
     batches: int
     startup_share: float = 0.0    # of the wall time, waiting for a new epoch's pool to start
     cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
+    main_cores: float | None = None  # the training process's CPU over the wall time
+    host_busy_cores: float | None = None  # every program's CPU on the host over the wall time (/proc/stat)
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "label": self.settings.label(),
@@ -96,15 +103,20 @@ class Period:
                 "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
                 "startup_share": round(self.startup_share, 4),
-                "cores_used": None if self.cores_used is None else round(self.cores_used, 3)}
+                "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
+                "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
+                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3)}
 
-    def facts(self, cpu_count: int) -> "_LiveFacts":
-        """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``)."""
+    def facts(self, cpu_count: int, batches_per_epoch: float | None = None, max_workers: int | None = None) -> "_LiveFacts":
+        """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``), with the
+        what-if model's best setting predicted from this period (``model.py``)."""
+        cuda = _cuda_used()
         metrics = _LiveFacts(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
                              # CPU over wall time per worker: a lower bound of CPU over fetch time
                              worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
-                             cpu_count=cpu_count, cuda_used=_cuda_used())
-        return _LiveFacts(metrics=metrics, what_if=None, finding=lambda name: None)
+                             cpu_count=cpu_count, cuda_used=cuda)
+        what_if = live_what_if(self, cpu_count, batches_per_epoch or self.batches, cuda, max_workers)
+        return _LiveFacts(metrics=metrics, what_if=what_if, finding=lambda name: None)
 
 
 class _LiveFacts:
@@ -178,6 +190,7 @@ class Controller:
         if window.seen == window.skip - 1 or (window.seen == 0 and window.skip == 1):
             window.worker_cpu0 = _cpu_times(self.loader.worker_pids())
             window.main_cpu0 = time.process_time()
+            window.host_busy0 = _host_busy_s()
         window.add(t_request, t_deliver, samples, first_of_epoch)
         if window.done(self.period_s, self.min_batches):
             self._window = None
@@ -289,7 +302,7 @@ class Controller:
                                 f"{period.samples_per_s / self.user_rate - 1:+.0%} against your settings",
                           action=RECOVER)
         return TrialRun(status=OK, samples_per_s=period.samples_per_s, elapsed_s=period.elapsed_s,
-                        diagnosis=period.facts(self.cpu_count))
+                        diagnosis=period.facts(self.cpu_count, _batches_per_epoch(self.loader), self.max_workers))
 
     def _refusal(self, settings: LoaderSettings) -> str | None:
         current = self.loader.settings
@@ -323,8 +336,11 @@ class Controller:
             cores = None if main is None else (main + workers_cpu) / elapsed
         elif not window.settings.num_workers and main is not None:
             cores = main / elapsed
+        host1 = _host_busy_s()
+        host = None if host1 is None or window.host_busy0 is None else (host1 - window.host_busy0) / elapsed
         return Period(window.settings, window.samples / elapsed, window.wait_s / elapsed, busy, elapsed,
-                      window.batches, window.startup_s / elapsed, cores)
+                      window.batches, window.startup_s / elapsed, cores,
+                      None if main is None else main / elapsed, host)
 
     # -- the record ----------------------------------------------------------------------------------
     def event(self, action: str, **fields: Any) -> None:
@@ -341,6 +357,26 @@ def _cuda_used() -> bool:
     import sys
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def _batches_per_epoch(loader: Any) -> float | None:
+    try:
+        return float(len(loader))
+    except TypeError:  # an IterableDataset without a length
+        return None
+
+
+def _host_busy_s() -> float | None:
+    """CPU seconds every program has spent on the host so far (all cores, idle and iowait left out),
+    from /proc/stat: what other programs take is this less the job's own."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = sum(fields[3:5])  # idle, iowait
+    guest = sum(fields[8:10])  # already counted in user and nice
+    return (sum(fields) - idle - guest) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
 
 
 def _cpu_times(pids: list[int]) -> dict[int, float]:

@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=_path, metavar="FILE", help="also write the diagnosis as JSON to FILE")
     _add_tensorboard_option(p)
 
-    p = sub.add_parser("tune", help="find the fastest DataLoader settings for a command, by short trials",
+    p = sub.add_parser("tune", help="find the fastest DataLoader (or tf.data) settings for a command, by short trials",
                        usage="gpufeed tune [options] -- CMD [ARGS...]", epilog=exit_codes,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budget", type=_positive_float, metavar="SECONDS",
@@ -158,7 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=_non_negative_int, default=th.DEFAULT_WARMUP_STEPS, metavar="N",
                    help=f"steps left out of each trial's measurement (default {th.DEFAULT_WARMUP_STEPS})")
     p.add_argument("--max-workers", type=_positive_int, metavar="N",
-                   help=f"largest num_workers to try (default {th.TUNE_MAX_WORKERS_PER_CORE} per core)")
+                   help=f"largest num_workers (tf.data: num_parallel_calls) to try (default "
+                        f"{th.TUNE_MAX_WORKERS_PER_CORE} per core)")
     p.add_argument("--stall-timeout", type=_positive_float, default=th.TUNE_STALL_TIMEOUT_S, metavar="SECONDS",
                    help=f"a trial with no batch for this long is stopped as hung (default {th.TUNE_STALL_TIMEOUT_S:g})")
     p.add_argument("--out", type=_path, metavar="DIR",
@@ -187,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
-    p = sub.add_parser("run", help="run a command with DataLoader settings from a file (gpufeed tune's best-config.json), "
+    p = sub.add_parser("run", help="run a command with DataLoader or tf.data settings from a file (gpufeed tune's "
+                                   "best-config.json), "
                                    "tuned while it trains (--autotune), or its training DataLoader offloaded to Ray",
                        usage="gpufeed run [--config FILE] [--autotune] [--offload ray [--ray-address ADDR]] -- CMD [ARGS...]")
     p.add_argument("--config", type=_path, metavar="FILE", help="settings file written by gpufeed tune")
@@ -201,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cores", type=_positive_number, metavar="C", help="cores the job may use (default: the run's)")
     p.add_argument("--gpu-speedup", type=_positive_number, default=1.0, metavar="X",
                    help="the training step X times faster (a faster GPU); default 1")
+    p.add_argument("--cpu-speedup", type=_positive_number, default=1.0, metavar="X",
+                   help="every CPU second X times shorter (a faster host CPU); default 1")
     p.add_argument("--persistent", action=argparse.BooleanOptionalAction, default=None,
                    help="persistent_workers (default: the run's)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the answer as JSON to FILE")

@@ -35,7 +35,7 @@ def what_if(args: argparse.Namespace, console: Console) -> int:
 
     try:
         result = answer_run(args.run_dir, workers=args.workers, cores=args.cores, gpu_speedup=args.gpu_speedup,
-                            persistent=args.persistent)
+                            persistent=args.persistent, cpu_speedup=args.cpu_speedup)
     except RecordError as error:
         say_error(str(error))
         return EXIT_BAD_RECORD

@@ -84,7 +84,8 @@ def tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
     options = TuneOptions(command=command, out=out, budget_s=args.budget, seconds=args.trial_seconds,
                           warmup_steps=args.warmup, max_workers=args.max_workers,
                           stall_timeout_s=args.stall_timeout)
-    console.print(f"Tuning the training DataLoader of: {' '.join(command)}", highlight=False)
+    console.print(f"Tuning the training input pipeline (DataLoader or tf.data) of: {' '.join(command)}",
+                  highlight=False)
     try:
         with TrialProgress(console, args.trial_seconds, args.warmup) as progress:
             result = tune_command(options, on_trial=progress.finished, on_start=progress.started)
@@ -168,7 +169,6 @@ def run(command: list[str], args: argparse.Namespace) -> int:
     """Replace this process with the command, the settings file's DataLoader keywords applied."""
     import os
 
-    from gpufeed.measure.inside import overrides
     from gpufeed.measure.runner import bootstrap_env
 
     if not command:
@@ -184,16 +184,17 @@ def run(command: list[str], args: argparse.Namespace) -> int:
     env = dict(os.environ, **extra_env)
     if args.config is not None:
         try:
-            config = overrides.Overrides.from_json(args.config.read_text(), str(args.config))
+            config = _read_config(args.config)
         except OSError as error:
             say_error(f"cannot read {args.config}: {error.strerror}.")
             return EXIT_USAGE
         except ValueError as error:
             say_error(f"{error}.")
             return EXIT_USAGE
-        env[overrides.ENV_OVERRIDES] = config.to_json()
+        env.update(config.to_env())
+        which = "tf.data pipeline" if config.framework == "tensorflow" else "DataLoader"
         say_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
-                 "applied, or at the end when no DataLoader matched)")
+                 f"applied, or at the end when no {which} matched)")
     if args.autotune:
         say_note("tuning the training DataLoader while it trains (each switch and the winner are said on stderr)")
     env = bootstrap_env(env)
@@ -203,6 +204,22 @@ def run(command: list[str], args: argparse.Namespace) -> int:
         say_error(f"could not start {command[0]!r}: {error.strerror}.")
         return EXIT_NOT_STARTED
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
+
+
+def _read_config(path: Path):
+    """A settings file (gpufeed tune's best-config.json): a DataLoader's or a tf.data pipeline's.
+    ValueError, naming the key or value, when it is neither."""
+    import json
+
+    from gpufeed.measure.inside import overrides, tf_overrides
+    text = path.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        data = None  # said by the reader below, in its own words
+    if tf_overrides.is_pipeline_config(data):
+        return tf_overrides.PipelineOverrides.from_dict(data, str(path))
+    return overrides.Overrides.from_json(text, str(path))
 
 
 def _loader_env(args: argparse.Namespace) -> dict[str, str]:

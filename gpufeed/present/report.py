@@ -30,6 +30,7 @@ from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.offloaded import events_of, rates
+from gpufeed.present.autotune_view import said, settings_timeline
 from gpufeed.present.report_trials import BATCH_SIZE, TUNE, result_file, trials_section
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
 from gpufeed.present.terminal import costs_sentence, numbers_table
@@ -252,10 +253,36 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     # and the measured window (after warm-up).
     out["startups"] = [[round(it.t_created - t0, 4), round(float(it.steps.t_deliver[0]) - t0, 4)]
                        for it in record.iterators if len(it.steps)]
+    t_end = max((v for v in (s.t[-1] if len(s) else math.nan, np.nanmax(steps.t_deliver) if len(steps) else math.nan)
+                 if math.isfinite(v)), default=t0)
+    out["autotune"] = _settings_chart(record, d, t0, t_end)
     measured = steps[d.metrics.warmup_steps:]
     out["window"] = ([round(float(measured.t_request[0]) - t0, 4), round(float(np.nanmax(measured.t_deliver)) - t0, 4)]
                      if len(measured) else None)
     return out
+
+
+def _settings_chart(record: RunRecord, d: Diagnosis, t0: float, t_end: float) -> dict[str, Any] | None:
+    """--autotune's settings over the run as steps (num_workers, prefetch_factor), a point at each
+    switch, and the winner; None when the run was not autotuned."""
+    training = next((s for s in d.loaders if s.training), None)
+    tl = settings_timeline(record, training.pid if training is not None else None)
+    if tl is None or not tl.settings:
+        return None
+    # From the timeline's start (nothing drawn before the first setting, so the x axis lines up with
+    # the charts above), each setting held until the next, the last until the run's end.
+    points = [None, *tl.settings, tl.settings[-1]]
+    switched = {id(s) for s in tl.switches}
+    return {
+        "t": [0.0] + [round(p.t - t0, 4) for p in tl.settings] + [round(max(t_end, tl.settings[-1].t) - t0, 4)],
+        "num_workers": [p and p.settings.num_workers for p in points],
+        "prefetch_factor": [p and p.settings.prefetch_factor for p in points],
+        "switch": [p.settings.num_workers if id(p) in switched else None for p in points[:-1]] + [None],
+        "switches": [{"t": round(p.t - t0, 4), "label": p.label, "where": p.where} for p in tl.switches],
+        "first": tl.settings[0].label if tl.settings[0].where is None else None,
+        "winner": said(tl.winner) if tl.winner else None,
+        "last": tl.last_words(),
+    }
 
 
 def _histogram(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from gpufeed.batchsize.result import FORMAT as BATCH_SIZE_FORMAT
 from gpufeed.batchsize.result import OOM, BatchSizeResult
 from gpufeed.record import validate
 from gpufeed.record.reader import RecordError, load_run
+from gpufeed.settings import PipelineSettings
 from gpufeed.trials.layout import BATCH_SIZE_FILE, TUNE_FILE
 from gpufeed.tune.result import TUNE_FORMAT, Trial, TuneResult
 
@@ -37,6 +38,7 @@ class TrialsSection:
     run_dir: str | None = None                   # the trial's run shown below (relative), if any
     run_title: str = ""
     workers: dict[int, int | None] = field(default_factory=dict)  # tune: each trial's num_workers
+    axis: str = "num_workers"                    # tune: what ``workers`` counts (tf.data: num_parallel_calls)
 
 
 def result_file(directory: Path) -> Path | None:
@@ -90,7 +92,11 @@ def _shown_run(trial: Trial) -> str | None:
 
 
 def _num_workers(trial: Trial, tune_dir: Path) -> int | None:
-    """The trial's num_workers; null in tune.json means the script's own, read from its record."""
+    """The trial's num_workers; null in tune.json means the script's own, read from its record.
+    A tf.data trial: its fixed num_parallel_calls (AUTOTUNE and the script's own have no place on that axis)."""
+    if isinstance(trial.settings, PipelineSettings):
+        calls = trial.settings.parallel_calls
+        return calls if calls is not None and calls > 0 else None
     if trial.settings.num_workers is not None:
         return trial.settings.num_workers
     run_dir = _shown_run(trial)
@@ -114,7 +120,8 @@ def _tune_section(result: TuneResult, tune_dir: Path) -> TrialsSection:
             lines.setdefault(t.settings.label_beside_workers(), {})[workers_of[t.id]] = (
                 t.samples_per_s, min(rates), max(rates))
     workers = sorted({w for pts in lines.values() for w in pts})
-    chart = {"workers": workers, "lines": [
+    chart = {"workers": workers, "axis": "num_parallel_calls" if result.framework == "tensorflow" else "num_workers",
+             "lines": [
         {"label": label, **{key: [pts[w][n] if w in pts else None for w in workers]
                             for n, key in enumerate(("median", "lo", "hi"))}}
         for label, pts in lines.items()]}
@@ -122,7 +129,7 @@ def _tune_section(result: TuneResult, tune_dir: Path) -> TrialsSection:
     best = result.best if result.best is not None and result.best.ok else \
         max(ok, key=lambda t: t.samples_per_s, default=None)
     run_dir = _shown_run(best) if best is not None else None
-    return TrialsSection(TUNE, result, chart, run_dir, f"Best trial: {run_dir}", workers_of)
+    return TrialsSection(TUNE, result, chart, run_dir, f"Best trial: {run_dir}", workers_of, chart["axis"])
 
 
 # -- batch size ---------------------------------------------------------------------------------------

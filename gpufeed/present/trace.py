@@ -3,7 +3,9 @@
 One track per process: the training process shows each step with its data wait nested inside,
 and each DataLoader iterator's start-up as an async slice beside them; each worker shows the
 batches it made. Counters: host CPU (total, per core), iowait and memory on a "host" track; GPU
-utilization and memory on one track per GPU; each process's own CPU on its track.
+utilization and memory on one track per GPU; each process's own CPU on its track. An autotuned run
+(``--autotune``) shows its settings as a counter on the training process's track, stepping at each
+switch, with an instant event per switch and where it settled.
 
 Times are microseconds since the first event, from the host's monotonic clock, which every
 process of the run shares, so the slices and counters line up as they happened. A counter holds
@@ -18,6 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gpufeed.present.autotune_view import said, settings_timeline
 from gpufeed.record.reader import RunRecord, load_run
 
 DEFAULT_NAME = "trace.json"
@@ -53,6 +56,7 @@ def trace(record: RunRecord) -> dict[str, Any]:
     events += _loop(record, us)
     events += _workers(record, us)
     events += _counters(record, us)
+    events += _autotune(record, us)
     meta = record.meta
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"command": " ".join(meta.command), "run_dir": str(record.run_dir),
@@ -119,6 +123,26 @@ def _workers(record: RunRecord, us: Any) -> Iterator[Event]:
                     "cpu_share": None if math.isnan(cpu_s) or wall <= 0 else round(float(cpu_s / wall), 3)}
             yield {"ph": "X", "cat": "batch", "name": "batch", "pid": f.pid, "tid": f.pid, "ts": us(t_start),
                    "dur": max(0.0, us(t_end) - us(t_start)), "args": args}
+
+
+def _autotune(record: RunRecord, us: Any) -> Iterator[Event]:
+    """--autotune on the training process's track: a counter of num_workers and prefetch_factor that
+    steps at each switch, an instant event per switch and one where it settled on a winner."""
+    tl = settings_timeline(record)
+    if tl is None:
+        return
+    for point in tl.settings:
+        counter = _counter(tl.pid, "autotune settings", us(point.t),
+                           {"num_workers": point.settings.num_workers, "prefetch_factor": point.settings.prefetch_factor})
+        if counter is not None:
+            yield counter
+    for point in tl.switches:
+        yield {"ph": "i", "s": "p", "cat": "autotune", "name": f"autotune: switched to {point.label} ({point.where})",
+               "pid": tl.pid, "tid": tl.pid, "ts": us(point.t), "args": point.settings.to_dict()}
+    for ev in record.autotune:
+        if ev["pid"] == tl.pid and ev["action"] == "settled":
+            yield {"ph": "i", "s": "p", "cat": "autotune", "name": f"autotune: {said(ev) or 'settled'}",
+                   "pid": tl.pid, "tid": tl.pid, "ts": us(ev["t"]), "args": ev.get("settings") or {}}
 
 
 def _counter(pid: int, name: str, ts: float, values: dict[str, float]) -> Event | None:

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.settings import LoaderSettings
+from gpufeed.settings import LoaderSettings, PipelineSettings
 from gpufeed.analysis.steps import live_samples_per_s
 from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
 from gpufeed.units import count, fmt
@@ -43,9 +43,9 @@ class TrialProgress:
         self._thread.join(timeout=2)
         self.progress.stop()
 
-    def started(self, settings: LoaderSettings, why: str, run_dir: Path) -> None:
+    def started(self, settings: LoaderSettings | PipelineSettings, why: str, run_dir: Path) -> None:
         # The very first run is the script as it is: its settings are known only once it has run.
-        label = settings.label() if settings != LoaderSettings() else "yours, as is"
+        label = settings.label() if settings.to_dict() else "yours, as is"
         task = self.progress.add_task(f"{label:<22} [dim]{why[:38]}[/]", total=self.seconds,
                                       rate="", best=self._best_text())
         self._current = (task, run_dir)

@@ -3,7 +3,8 @@
 Every refresh reads the host and the GPUs with the reader the outside sampler records with
 (``HostReader.read``: /proc and the NVML gateway), keeps a short history per GPU so the sawtooth
 shows as a sparkline, and, when a ``gpufeed diagnose`` run is going, reads its run record for the
-job's recent samples/s, data-wait share, worker states and current findings. The run is read
+job's recent samples/s, data-wait share, worker states and current findings (and, under
+``--autotune``, the settings in force and the last decision). The run is read
 (and analysed) every ``RUN_REFRESH_S`` at most, and less often when that gets slow: a long run's
 record takes longer to read than a refresh.
 
@@ -36,6 +37,7 @@ from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.findings import Finding
 from gpufeed.analysis.offloaded import Offload, batches_per_s, events_of
 from gpufeed.measure.outside.host import HostReader
+from gpufeed.present.autotune_view import settings_timeline
 from gpufeed.present.steps import recent, training_steps
 from gpufeed.present.terminal import SEVERITY_STYLE
 from gpufeed.record import schema
@@ -79,6 +81,7 @@ class RunState:
     offload: Offload | None = None                  # --offload: the training loader's batches made on Ray
     offload_batches_per_s: float | None = None      # between the run's last two `offload` events
     offload_latency_ms: float | None = None         # p50 over the batches before the last event
+    autotune: str | None = None   # --autotune: the settings in force and the last decision, one line
 
 
 def find_running_run(root: Path = RUNS_DIR, now: Callable[[], float] = time.time) -> Path | None:
@@ -112,6 +115,12 @@ def read_run(run_dir: Path) -> RunState:
     d: Diagnosis = analyze_record(record)
     state.samples_per_s, state.data_wait_share = recent(training_steps(record, d), RECENT_S)
     state.findings = d.findings
+    training = next((s for s in d.loaders if s.training), None)
+    tl = settings_timeline(record, training.pid if training is not None else None)
+    if tl is not None and tl.settings:
+        switches = len(tl.switches)
+        state.autotune = (f"{tl.settings[-1].label} ({switches} switch{'' if switches == 1 else 'es'})  "
+                          f"last: {tl.last_words()}")
     latest = [it.worker_pids for it in record.iterators if it.worker_pids]
     workers = set(latest[-1]) if latest else set()
     last = record.samples.procs[-1] if len(record.samples) else []
@@ -247,6 +256,8 @@ class Dashboard:
         ]
         if run.offload is not None:
             lines.append(offload_line(run))
+        if run.autotune:
+            lines.append(Text.assemble(("     autotune ", "bold"), run.autotune, overflow="ellipsis", no_wrap=True))
         if run.workers:
             workers = Text("     workers ", style="bold")
             for pid, status, cpu in run.workers:

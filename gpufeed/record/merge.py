@@ -86,6 +86,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         it.t_ready += dt
         it.steps.shift(dt)
         it.epoch_starts = [t + dt for t in it.epoch_starts]
+        it.epoch_ends = [(a + dt, b + dt) for a, b in it.epoch_ends]
     for f in r.fetches:
         f.pid = pid(f.pid)
         f.rows.shift(dt)

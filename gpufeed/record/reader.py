@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from gpufeed.record import schema, validate
+from gpufeed.record import pools, schema, validate
 from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
 
 
@@ -44,10 +44,16 @@ class IteratorRecord:
     steps: StepRows       # in index order
     cuda: CudaRows        # mem columns NaN where not sampled
     epoch_starts: list[float] = field(default_factory=list)  # persistent-worker resets
+    # (t_request, t) of each next() that ended an epoch (StopIteration): a non-persistent iterator's
+    # workers are shut down inside it. Empty in records older than the ``epoch_end`` event.
+    epoch_ends: list[tuple[float, float]] = field(default_factory=list)
     role: str | None = None           # schema.ROLE_TRAIN / ROLE_EVAL; None in records older than roles
     role_why: str | None = None       # the evidence for the role, in words
     samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
     samples_unknown: str | None = None   # why some batches' samples could not be counted
+    # The worker pools --autotune switched between inside this iteration, each as recorded (first
+    # the one created here); empty when one pool made it (``record/pools.py``).
+    pools: list["IteratorRecord"] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -117,6 +123,8 @@ class RunRecord:
     tf_profiles: list[dict[str, Any]] = field(default_factory=list)
     # `offload` events (--offload: the training loader's batches made on Ray), in time order
     offloads: list[dict[str, Any]] = field(default_factory=list)
+    # `autotune` events in time order: every decision of --autotune (docs/autotune.md)
+    autotune: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -226,11 +234,12 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
-    tf_pipelines, tf_profiles, offloads = [], [], []
+    tf_pipelines, tf_profiles, offloads, autotune = [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
     epochs: dict[tuple[int, int], list[float]] = {}
+    epoch_ends: dict[tuple[int, int], list[tuple[float, float]]] = {}
     unknown: dict[tuple[int, int], str] = {}
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
@@ -250,6 +259,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 cuda_rows.setdefault(key, []).extend(ev.get("rows", []))
             elif kind == "epoch":
                 epochs.setdefault(key, []).append(ev.get("t"))
+            elif kind == "epoch_end":
+                epoch_ends.setdefault(key, []).append((ev["t_request"], ev["t"]))
             elif kind == "fetches":
                 f = fetches.setdefault(pid, {"worker_id": ev.get("worker_id"),
                                              "torch_threads": ev.get("torch_threads"), "rows": []})
@@ -264,6 +275,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 cuda_devices.append(ev)
             elif kind == "tf_pipeline":
                 tf_pipelines.append(ev)
+            elif kind == "autotune":
+                autotune.append(ev)
             elif kind == "tf_profile":
                 tf_profiles.append(ev)
                 if ev.get("error"):
@@ -293,10 +306,12 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             worker_pids=list(ev.get("worker_pids") or []),
             config=schema.LoaderConfig.from_dict(ev.get("config", {})),
             steps=steps, cuda=CudaRows.of(cuda_rows.get(key, [])),
-            epoch_starts=sorted(epochs.get(key, [])),
+            epoch_starts=sorted(epochs.get(key, [])), epoch_ends=sorted(epoch_ends.get(key, [])),
             role=ev.get("role"), role_why=ev.get("role_why"),
             samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
         ))
+    autotune.sort(key=lambda ev: ev["t"])
+    iterator_records = pools.file_pools(iterator_records, autotune)
     fetch_records = [FetchRecord(pid=pid, worker_id=f["worker_id"], torch_threads=f["torch_threads"],
                                  rows=FetchRows.of(f["rows"]))
                      for pid, f in sorted(fetches.items())]
@@ -313,6 +328,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
+        autotune=autotune,
     )
 
 

@@ -95,6 +95,7 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "iterator": ({"pid": int, "iter_id": int, "t_created": float, "config": dict},
                  {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None}),
     "epoch": ({"pid": int, "iter_id": int, "t": float}, {}),
+    "epoch_end": ({"pid": int, "iter_id": int, "t_request": float, "t": float}, {}),
     "steps": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.STEP_COLUMNS), 3)}, {}),  # index, t_request, t_deliver
     "cuda": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.CUDA_COLUMNS), 1)}, {}),   # index
     "fetches": ({"pid": int, "rows": _rows(len(schema.FETCH_COLUMNS), 2)},                   # t_start, t_end
@@ -109,6 +110,8 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
                                           "latency_ms_p50": float | None, "recent_latency_ms_p50": float | None,
                                           "make_ms_p50": float | None, "make_cpu_ms_p50": float | None,
                                           "workers": int | None}),
+    "autotune": ({"pid": int, "action": str, "t": float},
+                 {"where": str, "label": str, "old": dict, "new": dict, "settings": dict, "period": dict}),
 }
 
 SAMPLE = {"t": float, "cpu_pct": list[float | None] | None, "iowait_pct": float | None,
@@ -184,7 +187,10 @@ def _object(spec: dict[str, Check], required: tuple[str, ...] = ()) -> Check:
 
 
 _TUNE_CONFIG = {"num_workers": int | None, "prefetch_factor": int | None, "persistent_workers": bool | None,
-                "pin_memory": bool | None, "worker_threads": int | None}
+                "pin_memory": bool | None, "worker_threads": int | None,
+                # a tf.data tune ("framework": "tensorflow")
+                "parallel_calls": int | None, "prefetch": int | None, "deterministic": bool | None,
+                "private_threadpool_size": int | None, "max_intra_op_parallelism": int | None}
 _TUNE_RUN = {"run_dir": str | None, "samples_per_s": float | None, "status": str, "reason": str | None,
              "elapsed_s": float | None}
 _TUNE_TRIAL = {"id": int, "label": str | None, "why": str | None, "config": _or_none(_object(_TUNE_CONFIG)),
@@ -192,7 +198,7 @@ _TUNE_TRIAL = {"id": int, "label": str | None, "why": str | None, "config": _or_
                "runs": _or_none(_list_of(_TUNE_RUN)), "elapsed_s": float | None}
 _TUNE_SUMMARY = {"config": _or_none(_object(_TUNE_CONFIG)), "samples_per_s": float | None,
                  "spread": float | None, "trial": int | None, "speedup": float | None}
-TUNE_DOC = {"command": list[str], "site": str | None, "baseline": _or_none(_object(_TUNE_SUMMARY)),
+TUNE_DOC = {"command": list[str], "framework": str | None, "site": str | None, "baseline": _or_none(_object(_TUNE_SUMMARY)),
             "best": _or_none(_object(_TUNE_SUMMARY)), "dataloader_kwargs": dict | None,
             "trials": _list_of(_TUNE_TRIAL, ("id",)), "noise": float | None, "budget_s": float | None,
             "elapsed_s": float | None, "stopped": str | None}

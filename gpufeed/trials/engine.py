@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from gpufeed.analysis import analyze_record
-from gpufeed.measure.inside.overrides import ENV_OVERRIDES, Overrides
+from gpufeed.measure.inside.overrides import Overrides
+from gpufeed.measure.inside.tf_overrides import PipelineOverrides
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run
@@ -32,7 +33,8 @@ class TrialRunner:
         self.options = options
         self.count = 0
 
-    def run_trial(self, overrides: Overrides | None, *, steps: int | None = None, host_limit_b: int | None = None,
+    def run_trial(self, overrides: Overrides | PipelineOverrides | None, *, steps: int | None = None,
+                  host_limit_b: int | None = None,
                   started: Callable[[Path], None] | None = None) -> TrialOutcome:
         """One run of the command with ``overrides`` (None: as it is).
 
@@ -43,7 +45,7 @@ class TrialRunner:
         o = self.options
         run_dir = trial_dir(o.out, self.count, overrides.settings if overrides is not None else None)
         self.count += 1
-        env = {ENV_OVERRIDES: overrides.to_json()} if overrides is not None else {}
+        env = overrides.to_env() if overrides is not None else {}  # a DataLoader's or a tf.data pipeline's
         if started is not None:
             started(run_dir)
         t0 = time.monotonic()

@@ -21,12 +21,14 @@ from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run
 from gpufeed.record.writer import write_json_atomic
-from gpufeed.settings import LoaderSettings
+from gpufeed.settings import LoaderSettings, PipelineSettings
 from gpufeed.trials.engine import ENDED_WELL, TrialRunner
 from gpufeed.trials.layout import BEST_CONFIG_FILE, TUNE_FILE
 from gpufeed.trials.options import TrialOptions
 from gpufeed.tune.result import FAILED, INTERRUPTED, OK, Trial, TrialRun, TuneResult
+from gpufeed.tune import tf_target
 from gpufeed.tune.search import BaselineFailed, Search
+from gpufeed.tune.tf_search import PipelineSearch
 
 
 class NoDataLoader(Exception):
@@ -55,10 +57,13 @@ class CommandTrials(TrialRunner):
         self.training_config: dict | None = None
         self.baseline: LoaderSettings | None = None
         self.distributed_steps: int | None = None  # torchrun: every rank must stop at the same step
+        self.framework = "pytorch"  # or "tensorflow": the training loop iterated a tf.data pipeline
 
     def __call__(self, settings: LoaderSettings, why: str) -> TrialRun:
-        # The first run is the user's configuration, untouched.
-        overrides = replace(self.target, settings=settings) if self.baseline is not None else None
+        # The first run is the user's configuration, untouched (and so is every run of a tf.data
+        # pipeline's: its settings are all the script's own).
+        overrides = replace(self.target, settings=settings) if self.baseline is not None and settings.to_dict() \
+            else None
         started = (lambda run_dir: self.on_start(settings, why, run_dir)) if self.on_start is not None else None
         out = self.run_trial(overrides, steps=self.distributed_steps, started=started)
         if out.diagnosis is None:  # interrupted, or its record could not be read
@@ -74,7 +79,9 @@ class CommandTrials(TrialRunner):
         if rate is None:
             return TrialRun(FAILED, None, out.elapsed_s, out.run_dir, _why_unmeasured(diagnosis), diagnosis)
         if self.baseline is not None:
-            mismatch = _not_applied(diagnosis, settings)
+            mismatch = (tf_target.not_applied(tf_target.training_pipeline(out.record, diagnosis.training), settings,
+                                              self.target)
+                        if self.framework == "tensorflow" else _not_applied(diagnosis, settings))
             if mismatch:
                 return TrialRun(FAILED, None, out.elapsed_s, out.run_dir, mismatch, diagnosis)
         return TrialRun(OK, rate, out.elapsed_s, out.run_dir, None, diagnosis)
@@ -84,9 +91,10 @@ class CommandTrials(TrialRunner):
         diagnosis = run.diagnosis
         training = diagnosis.training if diagnosis else None
         if training is None:
-            raise NoDataLoader("the command never iterated a torch DataLoader, so there is nothing to tune "
-                               f"(run record: {self.options.out / run.run_dir if run.run_dir else '?'}).")
+            raise NoDataLoader(_nothing_to_tune(self.options.out / run.run_dir if run.run_dir else '?'))
         config = training.config
+        if config.get("sampler") == "tf.data":
+            return self._learn_pipeline(run)
         if keras_wrapped(config):
             raise NotTunable(f"the training DataLoader (built at {config.get('site')}) is Keras's wrapper of a "
                              "tf.data pipeline or PyDataset (an IterableDataset with batch_size=None): DataLoader "
@@ -103,6 +111,18 @@ class CommandTrials(TrialRunner):
         self.baseline = LoaderSettings(
             num_workers=config.get("num_workers", 0), prefetch_factor=config.get("prefetch_factor"),
             persistent_workers=bool(config.get("persistent_workers")), pin_memory=bool(config.get("pin_memory")))
+        return self.baseline
+
+
+    def _learn_pipeline(self, run: TrialRun) -> PipelineSettings:
+        """A TensorFlow script: the training tf.data pipeline is tuned (its stages located by site)."""
+        pipeline = tf_target.training_pipeline(load_run(self.options.out / run.run_dir), run.diagnosis.training)
+        try:
+            self.target = tf_target.pipeline_target(pipeline)
+        except tf_target.PipelineNotLocated as error:
+            raise NotTunable(f"{error} (run record: {self.options.out / run.run_dir}).") from None
+        self.framework, self.site, self.training_config = "tensorflow", self.target.end, pipeline
+        self.baseline = PipelineSettings()
         return self.baseline
 
 
@@ -123,8 +143,7 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
             raise KeyboardInterrupt
         ended_well = first.diagnosis is not None and first.diagnosis.run.get("end_reason") in ENDED_WELL
         if ended_well and not first.diagnosis.loaders:
-            raise NoDataLoader("the command never iterated a torch DataLoader, so there is nothing to tune "
-                               f"(run record: {options.out / first.run_dir}).")
+            raise NoDataLoader(_nothing_to_tune(options.out / first.run_dir))
         raise BaselineFailed(f"your own configuration failed, so there is nothing to compare against: "
                              f"{first.reason} (run record: {options.out / first.run_dir})")
     baseline = trials.learn_from_baseline(first)
@@ -135,8 +154,14 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
             return replay.pop()
         return trials(settings, why)
 
-    search = Search(measure, baseline, cpu_count or usable_cpus().count, budget_s=options.budget_s,
-                    max_workers=options.max_workers, on_trial=on_trial)
+    cpus = cpu_count or usable_cpus().count
+    if trials.framework == "tensorflow":
+        search = PipelineSearch(measure, baseline, cpus, parallel_stages=bool(trials.target.stages),
+                                ordered=tf_target.keeps_order(trials.training_config), budget_s=options.budget_s,
+                                max_workers=options.max_workers, on_trial=on_trial)
+    else:
+        search = Search(measure, baseline, cpus, budget_s=options.budget_s, max_workers=options.max_workers,
+                        on_trial=on_trial)
     result = search.run(command=options.command, site=trials.site)
     result.target, result.training_config = trials.target, trials.training_config
     result.elapsed_s = time.monotonic() - t0
@@ -180,6 +205,11 @@ def _not_applied(diagnosis: Diagnosis, settings: LoaderSettings) -> str | None:
         return (f"the settings did not reach the training DataLoader (it ran with num_workers="
                 f"{got.get('num_workers')}, not {settings.num_workers}): was it built at another line?")
     return None
+
+
+def _nothing_to_tune(run_dir: Path | str) -> str:
+    return (f"the command never iterated a torch DataLoader (nor a tf.data dataset), so there is nothing to tune "
+            f"(run record: {run_dir}).")
 
 
 def _why_unmeasured(diagnosis: Diagnosis) -> str:

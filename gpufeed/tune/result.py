@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpufeed.measure.inside.overrides import CONFIG_FORMAT
-from gpufeed.settings import LoaderSettings
+from gpufeed.measure.inside.tf_overrides import TUNABLE_OPS
+from gpufeed.settings import AUTOTUNE, LoaderSettings, PipelineSettings
 from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 
 TUNE_FORMAT = "gpufeed.tune/1"
@@ -102,14 +103,20 @@ class Trial:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trial":
+    def from_dict(cls, d: dict[str, Any], settings_type: type = LoaderSettings) -> "Trial":
         """A trial as ``tune.json`` keeps it: its status, median and spread follow from its runs."""
-        return cls(d["id"], LoaderSettings.from_dict(d.get("config") or {}, f"trial {d['id']}: config"),
+        return cls(d["id"], settings_type.from_dict(d.get("config") or {}, f"trial {d['id']}: config"),
                    d.get("why") or "", [TrialRun.from_dict(r) for r in d.get("runs") or []])
 
 
-def config_dict(settings: LoaderSettings) -> dict[str, Any]:
-    """The five tuned keywords, always all present (null: the script's own value)."""
+FRAMEWORKS = {"pytorch": LoaderSettings, "tensorflow": PipelineSettings}
+
+
+def config_dict(settings: LoaderSettings | PipelineSettings) -> dict[str, Any]:
+    """The tuned knobs, always all present (null: the script's own value): the five DataLoader
+    keywords, or tf.data's (``PipelineSettings``)."""
+    if isinstance(settings, PipelineSettings):
+        return settings.config_dict()
     return {"num_workers": settings.num_workers, "prefetch_factor": settings.prefetch_factor,
             "persistent_workers": settings.persistent_workers, "pin_memory": settings.pin_memory,
             "worker_threads": settings.worker_threads}
@@ -143,10 +150,11 @@ class TuneResult:
 
         best = summary(self.best)
         best["speedup"] = self.speedup
+        tf_data = self.framework == "tensorflow"
         out = {
-            "schema": TUNE_FORMAT, "command": self.command, "site": self.site,
+            "schema": TUNE_FORMAT, "framework": self.framework, "command": self.command, "site": self.site,
             "baseline": summary(self.baseline), "best": best,
-            "dataloader_kwargs": dataloader_kwargs(self.best.settings),
+            "dataloader_kwargs": None if tf_data else dataloader_kwargs(self.best.settings),
             "trials": [t.to_dict() for t in self.trials],
             "noise": self.noise, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed_s, 3),
             "stopped": self.stopped,
@@ -157,16 +165,28 @@ class TuneResult:
     def from_dict(cls, doc: dict[str, Any]) -> "TuneResult":
         """``tune.json`` read back (``validate.TUNE_DOC`` checked first): what the file lacks is None;
         runs come without their diagnoses, and without the loader's target and config."""
-        trials = [Trial.from_dict(t) for t in doc["trials"]]
+        settings_type = FRAMEWORKS.get(doc.get("framework") or "pytorch", LoaderSettings)
+        trials = [Trial.from_dict(t, settings_type) for t in doc["trials"]]
         return cls(command=list(doc.get("command") or []), site=doc.get("site"),
                    baseline=_summarised(doc.get("baseline"), trials), best=_summarised(doc.get("best"), trials),
                    trials=trials, noise=doc.get("noise"), budget_s=doc.get("budget_s"),
                    elapsed_s=doc.get("elapsed_s"), stopped=doc.get("stopped"))
 
+    @property
+    def framework(self) -> str:
+        """``pytorch`` (a DataLoader was tuned) or ``tensorflow`` (a tf.data pipeline)."""
+        trial = self.best or self.baseline or (self.trials[0] if self.trials else None)
+        return "tensorflow" if trial is not None and isinstance(trial.settings, PipelineSettings) else "pytorch"
+
     def config_file(self) -> dict[str, Any]:
-        """What ``gpufeed run --config`` reads: the winner's settings for the loader built at ``site``."""
+        """What ``gpufeed run --config`` reads: the winner's settings for the loader built at ``site``
+        (for tf.data: the pipeline made there, and the sites of its stages)."""
+        if self.framework == "tensorflow":
+            target = self.target.to_dict() if self.target is not None else {"site": self.site}
+            return {**target, "settings": self.best.settings.to_dict(), "samples_per_s": self.best.samples_per_s,
+                    "speedup": self.speedup, "command": self.command}
         which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
-        return {"format": CONFIG_FORMAT, "site": self.site, **which, "settings": self.best.settings.to_dict(),
+        return {"format": CONFIG_FORMAT, "framework": "pytorch", "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command}
 
 
@@ -189,12 +209,44 @@ def dataloader_kwargs(settings: LoaderSettings) -> dict[str, Any]:
     return kwargs
 
 
-def paste_line(settings: LoaderSettings, training_config: dict | None = None) -> str:
+def paste_line(settings: LoaderSettings | PipelineSettings, training_config: dict | None = None) -> str:
     """``DataLoader(..., num_workers=8, prefetch_factor=4) at train.py:42`` (or the knob of the
     framework that builds the training loader) and, for a thread cap, how to get it."""
+    if isinstance(settings, PipelineSettings):
+        return pipeline_paste_line(settings, (training_config or {}).get("stages") or [])
     from gpufeed.analysis.rules import change_in
     line = change_in(training_config or {}, **dataloader_kwargs(settings))
     if settings.worker_threads is not None and settings.num_workers:
         line += (f"  # and in worker_init_fn: torch.set_num_threads({settings.worker_threads}) "
                  "(and cv2.setNumThreads / OMP_NUM_THREADS for other thread pools)")
     return line
+
+
+def pipeline_paste_line(settings: PipelineSettings, stages: list[dict[str, Any]]) -> str:
+    """The changes to make in a tf.data pipeline, each where the script makes the stage:
+    ``map(..., num_parallel_calls=8) at train.py:30; .prefetch(tf.data.AUTOTUNE) after train.py:33``.
+    ``stages``: the pipeline as the first run read it (last stage first, with their sites)."""
+    def word(value: int) -> str:
+        return "tf.data.AUTOTUNE" if value == AUTOTUNE else str(value)
+    parts = []
+    if settings.parallel_calls is not None:
+        for stage in reversed(stages):
+            name = TUNABLE_OPS.get(stage.get("op"))
+            if name is None or stage.get("site") is None:
+                continue
+            parts.append(f"{name}(..., num_parallel_calls={word(settings.parallel_calls)}) at {stage['site']}")
+    end = stages[0] if stages else {}
+    if settings.prefetch is not None:
+        where = f"at {end.get('site')}" if end.get("op") == "Prefetch" else f"after {end.get('site', 'the last stage')}"
+        parts.append(f".prefetch({word(settings.prefetch)}) {where}")
+    options = []
+    if settings.deterministic is not None:
+        options.append(f"options.deterministic = {settings.deterministic}")
+    if settings.private_threadpool_size is not None:
+        options.append(f"options.threading.private_threadpool_size = {settings.private_threadpool_size}")
+    if settings.max_intra_op_parallelism is not None:
+        options.append(f"options.threading.max_intra_op_parallelism = {settings.max_intra_op_parallelism}")
+    if options:
+        parts.append(f"options = tf.data.Options(); {'; '.join(options)}; "
+                     f".with_options(options) after {end.get('site', 'the last stage')}")
+    return "; ".join(parts) or "nothing to change"

@@ -85,7 +85,7 @@ class Search:
                  budget_s: float | None = None, max_workers: int | None = None,
                  on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic):
         self.measure = measure
-        self.baseline_settings = normalise(baseline)
+        self.baseline_settings = self.normalise(baseline)
         self.max_workers = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(cpu_count, 1)
         self.budget_s = budget_s
         self.on_trial = on_trial
@@ -108,11 +108,7 @@ class Search:
             self._run_once(baseline)  # its spread is the noise every later decision allows for
             self._update_noise()
             self.best = baseline
-            start = self._fix_causes(baseline)
-            self._climb_workers(self._from_model(start) or start)
-            self._refine_workers()
-            self._no_workers_when_cores_are_full()
-            self._other_settings()
+            self._steps(baseline)
             self._settle_ties()
         except _Stop as stop:
             stopped = stop.why
@@ -121,9 +117,21 @@ class Search:
                           trials=sorted(self.trials.values(), key=lambda t: t.id), noise=self.noise,
                           budget_s=self.budget_s, elapsed_s=self.clock() - self._t0, stopped=stopped)
 
+    def _steps(self, baseline: Trial) -> None:
+        """The search proper, once the baseline has set the noise (a subclass searches another space)."""
+        start = self._fix_causes(baseline)
+        self._climb_workers(self._from_model(start) or start)
+        self._refine_workers()
+        self._no_workers_when_cores_are_full()
+        self._other_settings()
+
+    # One spelling per configuration, and the order among ties: the space's own.
+    normalise = staticmethod(normalise)
+    cheapness = staticmethod(cheapness)
+
     # -- measuring ---------------------------------------------------------------------------------
     def _trial(self, settings: LoaderSettings, why: str) -> Trial:
-        settings = normalise(settings)
+        settings = self.normalise(settings)
         trial = self.trials.get(settings)
         if trial is None:
             trial = self.trials[settings] = Trial(id=len(self.trials), settings=settings, why=why)
@@ -305,18 +313,24 @@ class Search:
         """Try the ladder's in-between point next to the peak (e.g. 12 between 8 and 16), on the side
         of the better neighbour: a peak leans towards it."""
         best = self.best
-        w = best.settings.num_workers or 0
         tried = {t.settings.num_workers or 0: t for t in self.trials.values()
                  if t.ok and _same_but_workers(t.settings, best.settings)}
-        lower = max((x for x in tried if x < w), default=None)
-        upper = min((x for x in tried if x > w), default=None)
-        sides = [(lo, hi) for lo, hi in ((lower, w), (w, upper)) if lo is not None and hi is not None]
+        self._refine(best.settings.num_workers or 0, tried, th.TUNE_WORKER_REFINE,
+                     lambda r: self._with_workers(best, r), "workers")
+
+    def _refine(self, at: int, tried: dict[int, Trial], points: tuple[int, ...],
+                settings_at: Callable[[int], LoaderSettings], unit: str) -> None:
+        """Measure the in-between points of a ladder next to the peak ``at`` (``tried``: the trials
+        on that ladder by their value), on the side of the better neighbour."""
+        lower = max((x for x in tried if x < at), default=None)
+        upper = min((x for x in tried if x > at), default=None)
+        sides = [(lo, hi) for lo, hi in ((lower, at), (at, upper)) if lo is not None and hi is not None]
         if len(sides) == 2:
             sides = [sides[0] if tried[lower].samples_per_s >= tried[upper].samples_per_s else sides[1]]
         for lo, hi in sides:
-            for r in th.TUNE_WORKER_REFINE:
+            for r in points:
                 if lo < r < hi and r <= self.max_workers:
-                    trial = self._measured(self._with_workers(best, r), f"between {lo} and {hi} workers")
+                    trial = self._measured(settings_at(r), f"between {lo} and {hi} {unit}")
                     if self._faster(trial, self.best):
                         self.best = trial
 
@@ -337,12 +351,18 @@ class Search:
             self.best = trial
 
     def _other_settings(self) -> None:
-        for name, change in self._candidates_changes():
+        # A change of setting moves the peak, often far: the ladder is climbed again from there.
+        self._try_changes(self._candidates_changes(), lambda better: self._climb_workers(better, down=False))
+
+    def _try_changes(self, changes, then: Callable[[Trial], None] | None = None) -> None:
+        """Each (why, change) on the best so far, kept when faster by more than the noise."""
+        for why, change in changes:
             current = self.best
-            candidate = self._measured(dataclasses.replace(current.settings, **change), name)
+            candidate = self._measured(dataclasses.replace(current.settings, **change), why)
             if self._beats(candidate, current):
                 self.best = candidate
-                self._climb_workers(candidate, down=False)  # a change of setting moves the peak, often far
+                if then is not None:
+                    then(candidate)
 
     def _candidates_changes(self):
         """(why, change) for each setting a measured cause on the best configuration points at."""
@@ -373,7 +393,7 @@ class Search:
     def _winner(self) -> Trial:
         ok = [t for t in self.trials.values() if t.ok]
         tied = [t for t in ok if self._tied_with_best(t, th.TUNE_TIE_SHARE_OF_NOISE)]
-        return min(tied, key=lambda t: (cheapness(t.settings), t.id))
+        return min(tied, key=lambda t: (self.cheapness(t.settings), t.id))
 
 
 def _waits_for_data(trial: Trial) -> bool | None:

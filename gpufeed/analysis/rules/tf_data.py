@@ -115,7 +115,8 @@ def sequential_map(ctx: Context) -> Finding | None:
 
 def no_prefetch(ctx: Context) -> Finding | None:
     p = _input_bound_pipeline(ctx)
-    stages = p.get("stages", []) if p else []
+    # Options set on the finished pipeline (with_options) are no stage of its own.
+    stages = [s for s in p.get("stages", []) if s.get("op") != "Options"] if p else []
     if not stages or stages[0].get("op") == "Prefetch":
         return None
     if any(name.split("::")[2:3] == ["Prefetch"] for name in p.get("tf_stages") or {}):

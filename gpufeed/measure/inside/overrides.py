@@ -11,6 +11,7 @@ its settings were really used. Standard library only: this module runs inside th
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -46,8 +47,14 @@ class Overrides:
     stack: tuple[str, ...] | None = None
     role: str | None = None
 
+    framework = "pytorch"
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that carries these settings to the command."""
+        return {ENV_OVERRIDES: self.to_json()}
 
     def to_dict(self) -> dict[str, Any]:
         data = {"format": CONFIG_FORMAT, "site": self.site, "settings": self.settings.to_dict()}
@@ -75,16 +82,16 @@ class Overrides:
 
     @classmethod
     def from_json(cls, text: str, where: str = "the config") -> "Overrides":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where} is not valid JSON ({error})") from None
+        data = parse_json(text, where)
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be a JSON object")
-        unknown = set(data) - {"format", "site", "stack", "role", "settings", "samples_per_s", "speedup",
-                               "command", "note"}
+        unknown = set(data) - {"format", "framework", "site", "stack", "role", "settings", "samples_per_s",
+                               "speedup", "command", "note"}
         if unknown:
             raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, stack, role, settings)")
+        if data.get("framework", "pytorch") != "pytorch":
+            raise ValueError(f"{where} is for framework {data.get('framework')!r}; known: 'pytorch' (a DataLoader's "
+                             "settings), 'tensorflow' (a tf.data pipeline's)")
         if data.get("format", CONFIG_FORMAT) != CONFIG_FORMAT:
             raise ValueError(f"{where} has format {data.get('format')!r}; this gpufeed reads {CONFIG_FORMAT!r}")
         site = data.get("site")
@@ -98,6 +105,14 @@ class Overrides:
             raise ValueError(f"role in {where} must be {roles.TRAIN!r}, {roles.EVAL!r} or null")
         return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site,
                    None if stack is None else tuple(stack), role)
+
+
+def parse_json(text: str, where: str) -> Any:
+    """A settings file's JSON; ValueError saying where it is not valid."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is not valid JSON ({error})") from None
 
 
 def call_site(skip_prefixes: tuple[str, ...], frame=None) -> str | None:
@@ -115,13 +130,20 @@ def portable_path(filename: str) -> str:
     """A file's name that holds on another machine, so a config file travels with the project:
     an installed package's file relative to its site-packages (``accelerate/data_loader.py``),
     else relative to the working directory when under it, else to the ``sys.path`` entry holding it."""
-    filename = os.path.abspath(filename)
-    roots = sorted((os.path.abspath(p) for p in sys.path if p), key=len, reverse=True)
+    return _portable_path(filename, os.getcwd(), tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=1024)
+def _portable_path(filename: str, cwd: str, search_path: tuple[str, ...]) -> str:
+    # Cached: every DataLoader built walks the stack's frames through here (a loader built each
+    # epoch paid ~90 µs for the path arithmetic alone).
+    filename = os.path.normpath(os.path.join(cwd, filename))
+    roots = sorted((os.path.normpath(os.path.join(cwd, p)) for p in search_path if p), key=len, reverse=True)
     for root in roots:
         if os.path.basename(root) in roles.PACKAGE_DIRS and filename.startswith(root + os.sep):
             return os.path.relpath(filename, root)
     try:
-        relative = os.path.relpath(filename)
+        relative = os.path.relpath(filename, cwd)
     except ValueError:
         relative = ".."
     if not relative.startswith(".."):

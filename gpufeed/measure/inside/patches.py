@@ -180,6 +180,9 @@ def make_next(original: Callable) -> Callable:
         state.waiting_since = t_request = clock()
         try:
             batch = original(self)
+        except StopIteration:
+            epoch_ended(state, t_request)
+            raise
         finally:
             state.waiting_since = 0.0
         t_deliver = clock()
@@ -212,6 +215,9 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
     state.waiting_since = t_request = _clock()
     try:
         batch = original(iterator)
+    except StopIteration:
+        epoch_ended(state, t_request)
+        raise
     finally:
         state.waiting_since = 0.0
     t_deliver = _clock()
@@ -234,6 +240,15 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
     except Exception as error:
         probe.give_up(iterator, state, error)
     return batch
+
+
+def epoch_ended(state: IteratorState, t_request: float) -> None:
+    """The ``next()`` that ended an epoch: without persistent workers torch shuts the workers down
+    inside it, a cost of each epoch that no batch shows (the what-if model's ``stop_s``)."""
+    try:
+        state.probe.event("epoch_end", iter_id=state.iter_id, t_request=t_request, t=_clock())
+    except Exception:  # a measurement never breaks the user's loop
+        pass
 
 
 # -- inside each worker ---------------------------------------------------------------------------------------

@@ -30,11 +30,19 @@ class ProbeConfig:
     stall_timeout_s: float | None = _carried("GPUFEED_STALL_TIMEOUT", float)
     # The same for an iterator's first batch (worker start-up, a filling shuffle buffer).
     first_batch_timeout_s: float | None = _carried("GPUFEED_FIRST_BATCH_TIMEOUT", float)
+    # tf.data settings for the training pipeline (JSON, ``tf_overrides.PipelineOverrides``): tune's
+    # trials of a TensorFlow script, ``gpufeed run --config``.
+    pipeline_overrides: str | None = _carried("GPUFEED_PIPELINE_OVERRIDES", str)
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry the settings that are set."""
         return {f.metadata["env"]: str(getattr(self, f.name)) for f in fields(self)
                 if getattr(self, f.name) is not None}
+
+    @classmethod
+    def env_of(cls, **values: Any) -> dict[str, str]:
+        """The variables that carry just these settings (``to_env`` of the rest would carry defaults)."""
+        return {f.metadata["env"]: str(values[f.name]) for f in fields(cls) if values.get(f.name) is not None}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ProbeConfig":

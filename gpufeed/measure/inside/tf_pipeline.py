@@ -64,6 +64,10 @@ def _stage(dataset: Any) -> dict[str, Any]:
     deterministic = vars(dataset).get("_deterministic")
     if isinstance(deterministic, str):
         stage["deterministic"] = deterministic
+    # Where the script made this stage, and what gpufeed changed in it (tf_overrides.py).
+    for attr, key in (("_gpufeed_site", "site"), ("_gpufeed_override", "gpufeed_override")):
+        if vars(dataset).get(attr) is not None:
+            stage[key] = vars(dataset)[attr]
     stage.update(_function_facts(dataset))
     return stage
 

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from gpufeed.measure.inside import lifecycle, tf_pipeline, tf_trace
+from gpufeed.measure.inside import lifecycle, tf_overrides, tf_pipeline, tf_trace
 from gpufeed.measure.inside.patches import active_probe
 from gpufeed.measure.inside.patching import patch
 from gpufeed.measure.inside.probe import Probe
@@ -82,8 +82,7 @@ class TfProbe:
             return
         if self.probe is None:
             self.probe = _probe_for(self)
-        max_steps = self.probe.max_steps
-        if max_steps is not None and self.steps_started >= max_steps:
+        if lifecycle.limits_reached(self.probe, self.steps_started, _clock()):  # --steps, a trial's time
             self.finish()
             self.probe.total_steps = self.steps_started
             self.probe.steps_reached()
@@ -249,6 +248,7 @@ def install_from_env(_module: Any = None) -> TfProbe | None:
     recorded until the process iterates a tf.data dataset (``TfProbe.tick``): a PyTorch script that
     imports TensorFlow on the side keeps the torch probe as its only one."""
     global _tf_probe
+    tf_overrides.install_from_env()  # tf.data settings (tune's trials, gpufeed run --config)
     run_dir = ProbeConfig.from_env().run_dir
     if not run_dir or _tf_probe is not None:
         return _tf_probe
@@ -265,7 +265,8 @@ def _probe_for(tf_probe: TfProbe) -> Probe:
         return probe
     # A TensorFlow-only process: its own event file, as the torch probe writes it.
     config = ProbeConfig.from_env()
-    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=config.max_steps, warmup_steps=config.warmup_steps)
+    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=config.max_steps, max_seconds=config.max_seconds,
+                            warmup_steps=config.warmup_steps)
     probe.before_close = tf_probe.finish
     atexit.register(probe.close)
     lifecycle.flush_on_sigterm(probe)
