@@ -456,13 +456,32 @@ def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[i
 
 
 # -- the answers for a diagnosis -------------------------------------------------------------------------
-def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = ()) -> WhatIf:
-    """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best."""
+@dataclass(frozen=True)
+class Model:
+    """The model measured from a run before the rules read it (a rule may size its advice from its
+    answers), and the costs the findings' fixes are predicted from after."""
+
+    answers: WhatIf               # your settings, the ceiling, the best; or why it cannot predict
+    spread: _Spread | None = None
+
+
+def model(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> Model:
     try:
         spread = measure_costs(record, training, m)
     except CannotPredict as reason:
-        return WhatIf(cannot_predict=str(reason))
-    result = _answers(spread, _run_noise(record, training, m), m)
+        return Model(WhatIf(cannot_predict=str(reason)))
+    return Model(_answers(spread, _run_noise(record, training, m), m), spread)
+
+
+def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = (),
+            measured: Model | None = None) -> WhatIf:
+    """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best
+    (``measured``: the run's model, measured already)."""
+    measured = measured or model(record, training, m)
+    spread = measured.spread
+    if spread is None:
+        return measured.answers
+    result = replace(measured.answers, predictions=list(measured.answers.predictions))
     seen = {(result.yours.num_workers, result.yours.persistent_workers)}
     for why, w, p in _finding_settings(findings, spread.p50):
         if (w, p) not in seen:

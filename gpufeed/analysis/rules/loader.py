@@ -10,6 +10,7 @@ from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, inp
                                           worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, tune_hint, wait_evidence,
                                             wait_sentence)
+from gpufeed.offload.sizing import cores_needed
 from gpufeed.units import fmt
 
 
@@ -41,15 +42,19 @@ def cpu_saturated(ctx: Context) -> Finding | None:
         return None
     cpu_ms = cpu_ms_per_sample(m)
     cost = f" ({fmt(cpu_ms, '.1f')} ms of CPU per sample)" if cpu_ms else ""
+    # How many cores the step needs, and the --offload command that gives them (docs/offload.md).
+    need = cores_needed(m, ctx.what_if, ctx.record.meta.command)
     return Finding(
         id="cpu_saturated", severity=severity_for(input_share(m)), cost_share=input_share(m),
         message=(f"{wait_sentence(m)} and all {cores(m.cpu_count)} were {fmt(m.cpu_util_pct, '.0f')}% busy: "
                  f"the CPU cannot prepare batches faster, so more workers cannot help.{others_sentence(m)}"),
         recommendation=(f"Make each sample cheaper to prepare{cost}: decode smaller images, cache decoded "
-                        "samples, move augmentation to the GPU; or run on more CPU cores."),
+                        "samples, move augmentation to the GPU; or run on more CPU cores."
+                        + (f" {need.sentence()}" if need else "")),
         evidence={**wait_evidence(m), "cpu_util_pct": m.cpu_util_pct, "cpu_count": m.cpu_count,
                   "cpu_cores_command": m.cpu_cores_command, "num_workers": m.num_workers,
-                  "loader_cpu_ms_per_sample": cpu_ms},
+                  "loader_cpu_ms_per_sample": cpu_ms,
+                  **({"cores_needed": need.cores, "cores_needed_from": need.source} if need else {})},
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG, "cpu_util_pct": th.CPU_SATURATED_PCT},
     )
 
