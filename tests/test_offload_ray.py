@@ -288,3 +288,20 @@ def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_run
     assert drawn["batches"] == list(offload[-1]["by_node"].values())
     assert drawn["latency_ms"] == [e["recent_latency_ms_p50"] for e in offload]
     assert {"run-0-offload-nodes", "run-0-offload-latency"} <= set(ids)
+
+
+def test_under_torchrun_offloading_declines_with_one_sentence_before_training(tmp_path):
+    """`gpufeed run --offload ray -- torchrun ...`: gpufeed does not yet share one cluster's workers
+    between ranks, so no rank starts a Ray; rank 0 says so once, before its first batch, and each
+    rank trains on its DistributedSampler's batches with its local workers."""
+    from tests.test_cli import assert_nothing_left_running, gpufeed
+    from tests.test_distributed import DDP, torchrun
+    before = _ray_processes()
+    done = gpufeed(["run", "--offload", "ray", "--", *torchrun(), str(DDP), "--steps", "6", "--workers", "1"],
+                   cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert_nothing_left_running(str(DDP))
+    assert done.stderr.count("--offload is off: this job has 2 ranks") == 1
+    assert "Ray workers" not in done.stderr and _ray_processes() <= before  # no Ray was started
+    out = done.stdout + done.stderr
+    assert "rank 0/2: 6 steps" in out and "rank 1/2: 6 steps" in out

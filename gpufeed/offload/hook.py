@@ -26,13 +26,33 @@ _state: "_Offload | None" = None
 
 
 def install_from_env() -> None:
-    """Arm offloading when ``GPUFEED_OFFLOAD`` asks for it (idempotent)."""
+    """Arm offloading when ``GPUFEED_OFFLOAD`` asks for it (idempotent); declined, with one sentence
+    before the training starts, in a job of several ranks."""
     try:
         settings = OffloadSettings.from_env()
     except ValueError as error:
         _fail(str(error))
-    if settings is not None:
-        install(settings)
+    if settings is None:
+        return
+    refusal = distributed_refusal()
+    if refusal is not None:
+        from gpufeed.measure.inside.lifecycle import RANK_ENV, env_int
+        if not env_int(*RANK_ENV):  # said once, by rank 0
+            sys.stderr.write(f"gpufeed: {refusal}\n")
+        return
+    install(settings)
+
+
+def distributed_refusal() -> str | None:
+    """Why the training loader is not offloaded in this process, or None: under torchrun (or any
+    launcher with several ranks) each rank would start its own local Ray, or take every CPU of the
+    cluster for its own pool, and gpufeed does not yet share one cluster's workers between ranks."""
+    from gpufeed.measure.inside.lifecycle import WORLD_SIZE_ENV, env_int
+    ranks = env_int(*WORLD_SIZE_ENV)
+    if ranks is None or ranks <= 1:
+        return None
+    return (f"--offload is off: this job has {ranks} ranks, and gpufeed cannot yet share one Ray cluster's "
+            "workers between ranks, so each rank's DataLoader keeps its local workers.")
 
 
 def install(settings: OffloadSettings) -> None:
