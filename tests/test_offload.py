@@ -176,3 +176,14 @@ def test_several_ranks_decline_with_one_sentence_before_training(monkeypatch, ca
         assert getattr(dataloader.DataLoader._get_iterator, hook.MARK, None) is before
     finally:
         hook.uninstall()
+
+
+def test_the_actor_class_is_made_once_per_process(monkeypatch):
+    """Ray exports an actor class to the cluster (a GCS write) once per class object and job: every
+    pool of the process uses the same one, so only the first pool's start writes it."""
+    from gpufeed.offload import ray_engine
+    made = []
+    fake_ray = SimpleNamespace(remote=lambda **options: lambda cls: made.append((cls, options)) or object())
+    monkeypatch.setattr(ray_engine, "_BATCH_MAKER", None)
+    assert ray_engine._batch_maker(fake_ray) is ray_engine._batch_maker(fake_ray)
+    assert [cls.__name__ for cls, _ in made] == ["BatchMaker"] and made[0][1]["num_cpus"] == 1
