@@ -69,8 +69,7 @@ class Point:
     @property
     def error_given_others(self) -> float | None:
         """The median over runs of predicted / measured - 1, each predicted for the cores the other
-        programs on this shared machine left during that run and for the CPU's speed then (neither is
-        the model's to know: this VM's CPU speed drifts by up to 1.6x over minutes)."""
+        programs on this shared machine left during that run (they are not the model's to know)."""
         ratios = [p / m for p, m in zip(self.conditioned, self.measured) if m]
         return statistics.median(ratios) - 1.0 if ratios else None
 
@@ -163,9 +162,7 @@ def _result(key: str, diagnosis, base: LoaderSettings, points: list[Point]) -> R
     if wi is not None and not wi.cannot_predict:
         for p in points:
             p.predicted = _predict_again(diagnosis, p.workers, p.persistent)
-            speeds = p.speeds or [1.0] * len(p.others)
-            p.conditioned = [_predict_again(diagnosis, p.workers, p.persistent, o, v).samples_per_s
-                             for o, v in zip(p.others, speeds)]
+            p.conditioned = [_predict_again(diagnosis, p.workers, p.persistent, o).samples_per_s for o in p.others]
             limits[p.label] = p.predicted.limit
     return Result(key=key, yours=base.label(), yours_measured=diagnosis.metrics.samples_per_s,
                   cannot=wi.cannot_predict if wi else "no what-if", points=points,
@@ -173,10 +170,9 @@ def _result(key: str, diagnosis, base: LoaderSettings, points: list[Point]) -> R
                   if wi and wi.best else None, limits=limits)
 
 
-def _predict_again(diagnosis, workers: int, persistent: bool, other_cores: float | None = None,
-                   cpu_speedup: float = 1.0) -> Prediction:
+def _predict_again(diagnosis, workers: int, persistent: bool, other_cores: float | None = None) -> Prediction:
     return answer_run(diagnosis.run_dir, workers=workers, persistent=persistent,
-                      other_cores=other_cores, cpu_speedup=cpu_speedup).predictions[0]
+                      other_cores=other_cores).predictions[0]
 
 
 def from_kept(key: str, root: Path) -> Result:
@@ -229,14 +225,16 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
              f"and {args.repeats} measured runs of every setting, alternating (median). Error = predicted / "
              "measured - 1. `*`: a setting the model itself named (its best, a finding's fix, yours). "
              "Other programs: the cores the rest of this shared machine kept busy during the measured runs; "
-             "CPU speed: the rate of a fixed FFT (the workloads' CPU work) around each run, against the first "
-             "run's; \"error, given them\": the model's prediction for each run with the cores those programs "
-             "left and the CPU at that speed (`answer(..., other_cores=, cpu_speedup=)`; median over runs).", "",
+             "\"error, given them\": the model's prediction for each run with the cores those programs left "
+             "(median over runs). CPU speed: the rate of a fixed FFT (the workloads' CPU work) around each run, "
+             "against the first run's (median over runs); shown, not used: on 2026-12-01 predicting for it "
+             "(`what-if --cpu-speedup`) made the median error worse (9.7% -> 11.8%): a 1 ms probe between runs "
+             "does not follow the VM's speed during a 3 s run.", "",
              "| workload | setting | predicted samples/s (range) | limit | measured (median) | error "
              "| other programs (cores) | CPU speed | error, given them |",
              "|---|---|---|---|---|---|---|---|---|"]
     summary = ["", "| workload | yours | model's best | median abs. error | worst | median abs. error, given "
-               "the other programs and the CPU's speed | settings |", "|---|---|---|---|---|---|---|"]
+               "the other programs | settings |", "|---|---|---|---|---|---|---|"]
     for r in results:
         title = WORKLOADS[r.key]
         if r.cannot:
@@ -262,8 +260,7 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
         lines += ["", f"**Median |error| over all {len(errors)} settings: {statistics.median(errors):.1%}** "
                       f"(the model's own picks: {statistics.median(picked):.1%} over {len(picked)})."
                   if picked else f"**Median |error| over all {len(errors)} settings: {statistics.median(errors):.1%}**",
-                  "", f"Given the other programs' load and the CPU's speed in each run: median |error| "
-                      f"{statistics.median(given):.1%}."]
+                  "", f"Given the other programs' load of each run: median |error| {statistics.median(given):.1%}."]
     return "\n".join(lines)
 
 
@@ -279,14 +276,17 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep every run's record in DIR")
     parser.add_argument("--from", dest="from_dir", type=Path, metavar="DIR",
                         help="score the model on an earlier --keep run's records instead of running anything")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "what_if.md")
+    parser.add_argument("--out", type=Path, help="the results file (default bench/results/what_if.md; "
+                        "with --from, none: scoring old records again must not overwrite the results)")
     args = parser.parse_args()
     if args.from_dir:
         kept = json.loads((args.from_dir / "args.json").read_text())
         kept.pop("workloads", None)  # score the ones asked for
         args.__dict__.update(kept, from_dir=args.from_dir)
-    elif args.fft_rounds is None:
-        args.fft_rounds = max(common.calibrate_fft_rounds(2.0) for _ in range(3))
+    else:
+        args.out = args.out or ROOT / "bench" / "results" / "what_if.md"
+        if args.fft_rounds is None:
+            args.fft_rounds = max(common.calibrate_fft_rounds(2.0) for _ in range(3))
     results = []
     with tempfile.TemporaryDirectory(prefix="gpufeed-whatif-") as tmp:
         root = args.keep or Path(tmp)
@@ -300,7 +300,8 @@ def main() -> None:
                 results.append(from_kept(key, args.from_dir) if args.from_dir else run_workload(key, root / key, args))
             except KeyboardInterrupt:
                 sys.exit("interrupted")
-            args.out.write_text(report(results, args) + "\n")
+            if args.out:
+                args.out.write_text(report(results, args) + "\n")
     print(report(results, args))
 
 

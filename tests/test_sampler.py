@@ -84,6 +84,30 @@ def test_samples_real_process_tree(tree: tuple[subprocess.Popen[str], int], tmp_
     assert sampler.seen[busy_pid] == psutil.Process(busy_pid).create_time()
 
 
+def test_a_child_forked_between_two_readings_counts_its_cpu_from_its_birth(tmp_path: Path) -> None:
+    """A DataLoader worker started again each epoch lives a second or so: its first interval's CPU
+    (start-up, first batch) belongs to the tree, or the host's busy cores less the tree's call it
+    other programs'."""
+    code = ("import subprocess, sys, time\nsys.stdin.readline()\n"
+            "kid = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+            "print(kid.pid, flush=True)\ntime.sleep(60)\n")
+    root = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        sampler = Sampler(tmp_path, root.pid, nvml=Nvml(module=failing_nvml()))
+        sampler.reader.prime()
+        sampler.sample()
+        root.stdin.write("go\n")
+        root.stdin.flush()
+        kid = int(root.stdout.readline())
+        time.sleep(0.3)
+        first = {r[0]: r for r in sampler.sample()["procs"]}[kid]
+        assert first[2] is not None and first[2] > 10, first
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+
+
 def test_snapshot_reports_workers(tree: tuple[subprocess.Popen[str], int], tmp_path: Path) -> None:
     root, busy_pid = tree
     root_pid = root.pid

@@ -97,3 +97,26 @@ def test_autotune_off_fires_when_disabled(tmp_path):
     diag = tf_diagnose(tmp_path, [dict(s) for s in SLOW_MAP], options={"autotune": False}, **INPUT_BOUND)
     assert "options.autotune.enabled = True" in finding(diag, "tf_autotune_off").recommendation
     assert "tf_autotune_off" not in ids(tf_diagnose(tmp_path / "b", [dict(s) for s in SLOW_MAP], **INPUT_BOUND))
+
+
+@pytest.mark.parametrize("call, said", [("train_function", "Keras's training step had not returned after 30 s"),
+                                        ("next", "The tf.data iterator delivered no batch for 30 s")])
+def test_a_stalled_tf_pipeline_names_the_python_thread_it_waits_on(tmp_path, call, said):
+    """A TensorFlow process's stall: the call it waited in, and where Python ran in tf.data's threads (a
+    numpy_function's read), not the main thread's frames inside TensorFlow."""
+    run = write_run(tmp_path / "run", Scenario(num_workers=0, prefetch_factor=None, stall_s=30.0))
+    meta = json.loads((run / schema.META_FILE).read_text())
+    meta["stall"].update(worker_pids=[], tf_call=call, processes=meta["stall"]["processes"][:1])
+    (run / schema.META_FILE).write_text(json.dumps(meta))
+    for stale in (run / schema.STACKS_DIR).glob("*.txt"):
+        stale.unlink()
+    (run / schema.STACKS_DIR / f"{MAIN_PID}.txt").write_text(
+        'Thread 0x3 (most recent call first):\n  File "/data/train_tf.py", line 31 in read\n\n'
+        'Current thread 0x2 (most recent call first):\n  File "/gpufeed/measure/inside/lifecycle.py", line 120 in '
+        'report_stall\n  File "/usr/lib/python3/threading.py", line 1045 in _bootstrap_inner\n\n'
+        'Thread 0x1 (most recent call first):\n  File "/tf/eager/execute.py", line 53 in quick_execute\n'
+        '  File "/data/train_tf.py", line 70 in <module>\n')
+    f = finding(analyze(run), "loader_stalled")
+    assert f.message.startswith(said), f.message
+    assert f.evidence["threads"] == ['"/data/train_tf.py", line 31 in read'] and f.evidence["tf_call"] == call
+    assert "numpy_function" in f.recommendation

@@ -240,3 +240,22 @@ def test_run_config_reads_either_framework_from_the_file(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         _read_config(path)
+
+
+def test_a_tf_trials_live_rate_reads_the_steps_python_saw(tmp_path):
+    """tune's progress while a TensorFlow trial runs: its steps come from the trace at the end, so the
+    rate so far is read from the ticks the probe writes (tf_steps_seen), after the warm-up."""
+    from gpufeed.analysis.steps import live_samples_per_s
+    from gpufeed.record import schema
+    from gpufeed.record.writer import JsonlWriter
+
+    events = JsonlWriter(tmp_path / schema.EVENTS_DIR / "7.jsonl")
+    assert live_samples_per_s(tmp_path, 5) is None
+    for i in range(9):  # a Keras train_function call of 4 steps every 0.25 s: 16 steps/s of 16 samples
+        events.write({"kind": "tf_steps_seen", "pid": 7, "t": 10.0 + 0.25 * i, "steps": 4 * (i + 1), "batch_size": 16})
+        if i == 2:  # warm-up steps left out: only one tick after them so far
+            assert live_samples_per_s(tmp_path, 10) is None
+    assert live_samples_per_s(tmp_path, 10) == pytest.approx(16 * 16)
+    events.write({"kind": "tf_steps_seen", "pid": 8, "t": 1.0, "steps": 20, "batch_size": 1})  # another process
+    events.close()
+    assert live_samples_per_s(tmp_path, 10) == pytest.approx(16 * 16)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from gpufeed import cli
+from gpufeed.analysis.steps import live_samples_per_s
 from gpufeed.record.reader import load_run
 from gpufeed.settings import AUTOTUNE
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
@@ -30,9 +31,9 @@ def _stage(pipeline: dict, at: str) -> dict:
 def test_tune_finds_parallel_calls_and_run_config_trains_with_them(tmp_path):
     out = tmp_path / "tune"
     # Few, short trials: every TensorFlow run takes seconds to start; the budget ends the search
-    # after about six runs (yours twice, AUTOTUNE, 2 and 4 parallel calls, ...).
-    result = gpufeed(["tune", "--out", str(out), "--trial-seconds", "1", "--warmup", "5", "--max-workers", "4",
-                      "--budget", "100", "--", sys.executable, str(TARGET)], cwd=tmp_path, timeout=600)
+    # after four to six runs (yours twice, AUTOTUNE, 2 and perhaps 4 parallel calls).
+    result = gpufeed(["tune", "--out", str(out), "--trial-seconds", "1", "--warmup", "3", "--max-workers", "4",
+                      "--budget", "40", "--", sys.executable, str(TARGET)], cwd=tmp_path, timeout=600)
     assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
     assert_nothing_left_running(str(TARGET))
     doc = json.loads((out / "tune.json").read_text())
@@ -63,6 +64,10 @@ def test_tune_finds_parallel_calls_and_run_config_trains_with_them(tmp_path):
                 assert stage["op"] == "ParallelMap" and stage["num_parallel_calls"] == wanted
                 assert stage["gpufeed_override"] == {"num_parallel_calls": wanted}
             assert train["options"]["private_threadpool_size"] == trial["config"]["private_threadpool_size"]
+            # tune's progress showed its rate while it ran, from the steps Python saw (the trace's
+            # steps are written at its end): the same steps, so close to the trial's own figure.
+            live = live_samples_per_s(out / run["run_dir"], 3)
+            assert live is not None and 0.5 < live / run["samples_per_s"] < 2, (live, run["samples_per_s"])
     assert "Best:" in result.stdout and "map(..., num_parallel_calls=" in result.stdout
     config = json.loads((out / "best-config.json").read_text())
     assert config["framework"] == "tensorflow" and config["site"] == end and config["stages"] == [map_site]
@@ -72,7 +77,7 @@ def test_tune_finds_parallel_calls_and_run_config_trains_with_them(tmp_path):
     # script's own pipeline objects show it; the validation pipeline, made at another line, is left alone.
     seen = tmp_path / "seen.json"
     run = gpufeed(["run", "--config", str(out / "best-config.json"), "--", sys.executable, str(TARGET),
-                   "--epochs", "1", "--report", str(seen)], cwd=tmp_path, timeout=300)
+                   "--epochs", "1", "--sleep-ms", "0", "--report", str(seen)], cwd=tmp_path, timeout=300)
     assert run.returncode == 0, run.stderr
     assert f"to the tf.data pipeline made at {end} (map at {map_site}: num_parallel_calls=" in \
         run.stderr.replace("\n", "")

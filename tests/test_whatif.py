@@ -125,6 +125,22 @@ def test_a_stretch_where_other_programs_held_the_cores_is_left_out_of_the_costs(
     assert measure_costs(record, training, m).p50.compute_s == pytest.approx(0.010, rel=0.05)
 
 
+def test_batches_per_epoch_come_from_the_epochs_that_ended(tmp_path):
+    """A run usually stops inside an epoch: that epoch's few batches are not an epoch's worth."""
+    from gpufeed.analysis import ranks
+    from gpufeed.analysis.metrics import loader_summaries
+    from gpufeed.analysis.whatif import measure_costs
+    from gpufeed.record.reader import load_run
+
+    epochs = dataclasses.replace(STORAGE, persistent_workers=False, epochs=4, steps_per_epoch=60, stop_s=0.05)
+    record = load_run(write_run(tmp_path / "run", epochs))
+    m, training = ranks.job_metrics(record, loader_summaries(record))
+    assert measure_costs(record, training, m).p50.batches_per_epoch == 60
+    last = record.iterators[-1]
+    last.steps, last.epoch_ends = last.steps[:6], []   # stopped 6 batches into its fourth epoch
+    assert measure_costs(record, training, m).p50.batches_per_epoch == 60
+
+
 def test_worker_restart_each_epoch_is_amortised(tmp_path):
     short = Scenario(num_workers=2, epochs=10, steps_per_epoch=30, startup_s=0.3, warmup_steps=0, wait_s=0.0005,
                      compute_s=0.010, fetch_wall_s=0.015, fetch_cpu_s=0.002)

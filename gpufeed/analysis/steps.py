@@ -15,7 +15,7 @@ from typing import Iterable, Protocol
 
 import numpy as np
 
-from gpufeed.record.reader import IteratorRecord, RunRecord, load_step_rows
+from gpufeed.record.reader import IteratorRecord, RunRecord, load_step_rows, load_tf_steps_seen
 from gpufeed.record.rows import Rows, StepRows, column
 
 
@@ -151,6 +151,23 @@ def live_samples_per_s(run_dir: str | Path, warmup_steps: int = 0) -> float | No
 
     For progress displays while a run is going; the analysis of a finished run is the real figure.
     """
-    busiest = max(load_step_rows(run_dir).values(), key=len, default=StepRows.concat([]))
+    busiest = max(load_step_rows(run_dir).values(), key=len, default=None)
+    if busiest is None:  # a TensorFlow process writes its steps when its trace is read: its ticks until then
+        return _tf_live_samples_per_s(load_tf_steps_seen(run_dir), warmup_steps)
     steps = StepSeries.from_steps([busiest])[warmup_steps:]
     return steps.samples_per_s() if len(steps) >= 2 else None
+
+
+def _tf_live_samples_per_s(seen: list[dict], warmup_steps: int) -> float | None:
+    """Samples per second between the first ``tf_steps_seen`` after the warm-up and the last: the steps
+    Python saw start (a Keras ``train_function`` call, a ``next()``) times the pipeline's batch size,
+    in the process that saw the most."""
+    by_pid: dict[int, list[dict]] = {}
+    for ev in seen:
+        if ev.get("steps", 0) > warmup_steps and ev.get("batch_size"):
+            by_pid.setdefault(ev.get("pid"), []).append(ev)
+    seen = max(by_pid.values(), key=len, default=[])
+    if len(seen) < 2 or seen[-1]["t"] <= seen[0]["t"]:
+        return None
+    first, last = seen[0], seen[-1]
+    return (last["steps"] - first["steps"]) * last["batch_size"] / (last["t"] - first["t"])

@@ -358,8 +358,15 @@ def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
     ends = [t - t_request for it in its if it.worker_pids and not it.config.persistent_workers
             for t_request, t in it.epoch_ends]
     stop = float(np.median(ends)) / workers if workers and ends else th.WHATIF_WORKER_STOP_S
-    epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
-    per_epoch = sum(len(it.steps) for it in its) / max(epochs, 1)
+    # Batches per epoch from the epochs that ended (the run usually stops inside one); a record
+    # without epoch_end events counts every epoch it started.
+    ended = sum(len(it.epoch_ends) for it in its)
+    if ended:
+        per_epoch = sum(int(np.count_nonzero(it.steps.t_deliver <= max(t for _r, t in it.epoch_ends)))
+                        for it in its if it.epoch_ends) / ended
+    else:
+        epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
+        per_epoch = sum(len(it.steps) for it in its) / max(epochs, 1)
     return startup, spawn, stop, per_epoch
 
 

@@ -186,6 +186,9 @@ class _Run:
         """Ask the command to end (Ctrl-C: SIGINT to its group, as a terminal does; else SIGTERM to
         its main process, whose handler may save a checkpoint) and give it the grace to do so.
         True if it ended within the grace."""
+        # Python runs a signal handler only between bytecodes: a TensorFlow process stuck in an op
+        # sees this instead, from its probe's thread, and writes what it measured (tf_probe.py).
+        (self.run_dir / schema.STOP_MARKER).touch()
         if sig == signal.SIGINT:
             signal_group(child.pid, signal.SIGINT)
         else:
@@ -289,6 +292,14 @@ def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, t
     if end_reason == schema.END_STALLED:
         waited = (meta.stall or {}).get("waited_s")
         which = "its first batch" if (meta.stall or {}).get("first_batch") else "a batch"
+        tf_call = (meta.stall or {}).get("tf_call")
+        if tf_call == "train_function" and waited:
+            return (f"Keras's training step (train_function, waiting for {which} of its tf.data input or computing) "
+                    f"had not returned after {waited:.0f} s, so the command was stopped; see where each thread "
+                    "was below.")
+        if tf_call and waited:
+            return (f"The tf.data iterator delivered no batch for {waited:.0f} s (waiting for {which}), so the "
+                    "command was stopped; see where each thread was below.")
         return (f"The DataLoader delivered no batch for {waited:.0f} s (waiting for {which}), so the command was "
                 "stopped; see what each worker was doing below." if waited else "The DataLoader stalled.")
     # The last line that says something: launchers (torchrun) end their reports with a rule of "=".

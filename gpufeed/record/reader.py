@@ -378,3 +378,9 @@ def load_step_rows(run_dir: str | Path) -> dict[tuple[int, int], StepRows]:
             if ev.get("kind") == "steps":
                 rows.setdefault((ev.get("pid"), ev.get("iter_id")), []).extend(ev.get("rows", []))
     return {key: StepRows.of(r) for key, r in rows.items()}
+
+
+def load_tf_steps_seen(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The ``tf_steps_seen`` events flushed so far (a TensorFlow process's steps, before its trace is read)."""
+    return [ev for path in sorted((Path(run_dir) / schema.EVENTS_DIR).glob("*.jsonl"))
+            for ev in _lines(path, []) if ev.get("kind") == "tf_steps_seen"]

@@ -35,7 +35,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               the host's time in the call (a blocking copy first waits for queued GPU work), copy_s
               the copy's own time from CUDA events around it (null where not resolved)
 ``stall``     pid, iter_id, t_request, waited_s, worker_pids, first_batch: no batch for ``--stall-timeout``
-              seconds (``--first-batch-timeout`` for an iterator's first batch)
+              seconds (``--first-batch-timeout`` for an iterator's first batch); TensorFlow: tf_call
+              (``next`` or Keras's ``train_function``), the call that waited
 ``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
               uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception); memory at exit where readable:
               rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
@@ -45,6 +46,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               TensorFlow process's tf.data pipeline (its iterator and steps events come from
               TensorFlow's profiler trace, kept in tf-profile/<pid>/)
 ``tf_profile`` pid, t_start, t_end, path, error: the window the profiler ran in
+``tf_steps_seen`` pid, t, steps, batch_size: a TensorFlow process's steps as Python saw them start,
+              every 0.25 s while its profiler runs (progress displays; the steps come from the trace)
 ``samples_unknown``  pid, iter_id, reason: why some batches' samples could not be counted
 ``warning``   pid, t, message: a problem of gpufeed's own (a loader it stopped measuring)
 ``offload``   pid, t, batches, by_node, resent, workers_lost, fell_back, latency_ms_p50,
@@ -73,6 +76,8 @@ STDOUT_FILE = "stdout.log"        # only when gpufeed kept the output off the te
 STACKS_DIR = "stacks"
 STALL_MARKER = "stall.json"          # written by the probe when a loader stalls: the runner acts on it
 STEPS_REACHED_MARKER = "steps-reached"  # written by the probe when it ended the run after --steps
+STOP_MARKER = "stop-requested"  # written by the runner as it asks the command to stop: a TensorFlow
+                                # process stuck in an op (no Python signal handler runs) reads its trace on it
 
 # Column names of the row-oriented event kinds, so readers never index by magic number: the reader
 # loads them as typed views (``record/rows.py``: ``it.steps.t_request``).

@@ -85,7 +85,8 @@ def _gpus(value: Any) -> bool:
 
 # Stall: the probe's marker, copied into meta.json with the sampler's view of the processes.
 STALL = {"pid": int | None, "iter_id": int | None, "t_request": float | None, "waited_s": float | None,
-         "worker_pids": list[int] | None, "first_batch": bool | None, "processes": list[dict] | None}
+         "worker_pids": list[int] | None, "first_batch": bool | None, "processes": list[dict] | None,
+         "tf_call": str | None}
 
 # kind -> (required fields, optional fields); each field -> its type.
 EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {

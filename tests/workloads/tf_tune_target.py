@@ -5,10 +5,13 @@ sleeping releases the GIL, so parallel calls overlap the reads, as DataLoader wo
 ``map`` without num_parallel_calls and no prefetch: the loop waits for input. The validation
 pipeline is made at other lines and must be left alone. ``--report FILE`` writes both pipelines'
 stages as the script holds them (each stage's type and num_parallel_calls, and the options).
+``--hang-after N``: the read of the N+1-th element never returns (storage that hangs);
+``--loop``: a custom loop (``for x, y in train: step(x, y)``, a ``tf.function`` step) instead of ``fit``.
 
-    python tf_tune_target.py [--epochs 20] [--sleep-ms 4] [--report FILE]
+    python tf_tune_target.py [--epochs 20] [--sleep-ms 4] [--report FILE] [--hang-after N] [--loop]
 """
 import argparse
+import itertools
 import json
 import time
 
@@ -19,6 +22,8 @@ p = argparse.ArgumentParser()
 p.add_argument("--epochs", type=int, default=20)
 p.add_argument("--sleep-ms", type=float, default=4.0)
 p.add_argument("--report", default=None)
+p.add_argument("--hang-after", type=int, default=None)
+p.add_argument("--loop", action="store_true")
 args = p.parse_args()
 
 N, D, BATCH = 1024, 32, 16
@@ -26,8 +31,13 @@ features = np.random.default_rng(0).random((N, D), dtype=np.float32)
 labels = np.random.default_rng(1).integers(0, 10, N)
 
 
+reads = itertools.count()
+
+
 def read(index):
     time.sleep(args.sleep_ms / 1000.0)  # the storage's latency
+    if args.hang_after is not None and next(reads) >= args.hang_after:
+        time.sleep(3600)
     return features[index]
 
 
@@ -63,6 +73,20 @@ if args.report:
 
 model = tf.keras.Sequential([tf.keras.Input((D,)), tf.keras.layers.Dense(32, activation="relu"),
                              tf.keras.layers.Dense(10)])
-model.compile(tf.keras.optimizers.SGD(0.01), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(train, validation_data=val, epochs=args.epochs, verbose=2)
+loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+if args.loop:
+    optimizer = tf.keras.optimizers.SGD(0.01)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        optimizer.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+
+    for epoch in range(args.epochs):
+        for x, y in train:
+            step(x, y)
+else:
+    model.compile(tf.keras.optimizers.SGD(0.01), loss)
+    model.fit(train, validation_data=val, epochs=args.epochs, verbose=2)
 print("tf_tune_target: done", flush=True)

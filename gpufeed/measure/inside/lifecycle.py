@@ -96,15 +96,24 @@ def stall_limit(probe: Any, state: Any) -> float:
 def check_stall(probe: Any) -> None:
     """From the probe's background thread: report the first iterator that waits past its limit (once),
     with every thread's stack, its workers' stacks (SIGUSR1) and the marker the runner watches for."""
+    stalled = stalled_wait(probe, probe.iterators())
+    if stalled is not None:
+        report_stall(probe, *stalled)
+
+
+def stalled_wait(probe: Any, states: list[Any]) -> tuple[float, Any] | None:
+    """(since, state) of the longest of these waits past its limit, once per process; None when none is."""
     if probe.stall_timeout_s is None or probe.stall_reported:
-        return
+        return None
     now = _clock()
-    waiting = [(it.waiting_since, it) for it in probe.iterators()]
+    waiting = [(it.waiting_since, it) for it in states]
     waiting = [(since, it) for since, it in waiting if since and now - since >= stall_limit(probe, it)]
-    if not waiting:
-        return
+    return min(waiting, key=lambda pair: pair[0]) if waiting else None
+
+
+def report_stall(probe: Any, since: float, state: Any, **fields: Any) -> None:
+    """Write the stall (its event, the stacks, the runner's marker); ``fields`` add to its description."""
     probe.stall_reported = True
-    since, state = min(waiting, key=lambda pair: pair[0])
     first_batch = state.next_index == 0
     worker_pids = state.worker_pids
     stacks = os.path.join(probe.run_dir, schema.STACKS_DIR)
@@ -117,7 +126,7 @@ def check_stall(probe: Any) -> None:
         except OSError:
             pass
     stall = {"pid": probe.pid, "iter_id": state.iter_id, "t_request": since,
-             "waited_s": _clock() - since, "worker_pids": worker_pids, "first_batch": first_batch}
+             "waited_s": _clock() - since, "worker_pids": worker_pids, "first_batch": first_batch, **fields}
     probe.event("stall", **{k: v for k, v in stall.items() if k != "pid"})
     probe.flush()
     write_json_atomic(os.path.join(probe.run_dir, schema.STALL_MARKER), stall)

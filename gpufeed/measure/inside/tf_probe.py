@@ -11,9 +11,17 @@ passed (its trace grows with every op, so it is not left running for hours). Pyt
   ``tf.function`` per batch.
 
 These ticks start the profiler and end the run after ``--steps``; the steps themselves (request and
-delivery of each batch) come from the trace. Each iterator's dataset is read when the iterator is
-made (``tf_pipeline.py``), for the findings. Everything is written with the PyTorch probe's
-``Probe`` (same files, same ``process`` and ``exit`` events); ``docs/run-record.md`` lists the kinds.
+delivery of each batch) come from the trace, which is read only when the window ends: until then
+the ticks are written every ``LIVE_STEPS_INTERVAL_S`` (``tf_steps_seen``), so that a tune trial's
+progress shows its rate while it runs. Each iterator's dataset is read when the iterator is made
+(``tf_pipeline.py``), for the findings. Everything is written with the PyTorch probe's ``Probe``
+(same files, same ``process`` and ``exit`` events); ``docs/run-record.md`` lists the kinds.
+
+The stall watch (``--stall-timeout``) sees the calls Python waits in: a custom loop's ``next()``
+(no batch delivered) and a Keras ``train_function`` call (the step, its input included, has not
+returned). Before it reports a stall it reads the trace, so the steps made before it are on disk:
+the stuck thread is inside TensorFlow's C++, where a Python signal handler does not run, so the
+process will be killed, not asked.
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import glob
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufeed.measure.inside import lifecycle, tf_overrides, tf_pipeline, tf_trace
@@ -29,12 +38,29 @@ from gpufeed.measure.inside.patches import active_probe
 from gpufeed.measure.inside.patching import patch
 from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.inside.probe_config import ProbeConfig
+from gpufeed.record import schema
 
 # The longest profiled window: the trace holds every op of every step and of every element (26 MB
 # for 128 steps of 16 elements of a 250-op map), kept in memory until the window ends.
 PROFILE_WINDOW_S = 30.0
 PROFILE_DIR = "tf-profile"  # <run_dir>/tf-profile/<pid>/: TensorFlow's own trace (TensorBoard opens it)
+# How often the steps Python saw start are written while the profiler runs (``tf_steps_seen``): the
+# live rate of a tune trial's progress, twice per refresh of its display (present/tune_view.py).
+LIVE_STEPS_INTERVAL_S = 0.25
 _clock = time.perf_counter
+
+
+@dataclass
+class TfWait:
+    """A call Python waits in, as the stall watch reads it (``lifecycle.stalled_wait``): a custom
+    loop's ``next()`` or Keras's ``train_function``. ``next_index`` 0: the first call on a new
+    iterator, which waits for tracing, a filling shuffle buffer (--first-batch-timeout)."""
+
+    call: str
+    waiting_since: float
+    next_index: int
+    iter_id: None = None
+    worker_pids: list[int] = field(default_factory=list)
 
 
 def unix_to_clock_offset_s(tries: int = 16) -> float:
@@ -63,9 +89,17 @@ class TfProbe:
         self._pipeline_of: dict[int, int] = {}              # id(dataset) -> index in pipelines
         self._iterators: list[tuple[float, int]] = []       # (t_created, pipeline index)
         self._step_marker: Any = None
+        self._seen_written_at: float | None = None           # the last ``tf_steps_seen`` event
+        self.waiting: TfWait | None = None                   # the call Python waits in now, if any
+        self._iterators_called = 0                           # iterators made before the last call
+        self.distributing = False                            # inside a strategy's distributed __iter__
+        self.building = False                                # inside Keras's model build (it peeks a batch)
+        self._ended_calls: list[tuple[float, float]] = []    # next() calls that ended an epoch (StopIteration)
 
     # -- what Python sees ------------------------------------------------------------------------
     def iterator_created(self, dataset: Any, t_created: float) -> None:
+        if self.distributing:
+            return  # a strategy's per-device iterator: its distributed iterator names the user's dataset
         index = self._pipeline_of.get(id(dataset))
         if index is None:
             try:
@@ -92,6 +126,48 @@ class TfProbe:
             self.finish()
         self._mark_step()
         self.steps_started += steps
+        self._write_steps_seen()
+
+    def _write_steps_seen(self) -> None:
+        """While the window is open, every ``LIVE_STEPS_INTERVAL_S``: the steps started so far."""
+        now = _clock()
+        if self.finished or (self._seen_written_at is not None and now - self._seen_written_at < LIVE_STEPS_INTERVAL_S):
+            return
+        self._seen_written_at = now
+        batch_size = _batch(self.pipelines[self._iterators[-1][1]])[0] if self._iterators else None
+        self.probe.event("tf_steps_seen", t=now, steps=self.steps_started, batch_size=batch_size)
+
+    # -- the stall watch ---------------------------------------------------------------------------
+    def call_started(self, call: str) -> None:
+        """Python enters ``next()`` or ``train_function``: the stall watch times it."""
+        first = len(self._iterators) != self._iterators_called
+        self._iterators_called = len(self._iterators)
+        self.waiting = TfWait(call, _clock(), 0 if first else 1)
+
+    def call_ended(self, end_of_data: bool = False) -> None:
+        """``end_of_data``: the call raised StopIteration. The iterator op it ran is in the trace too,
+        but delivered no batch: it is left out of the steps (a DataLoader's is an ``epoch_end``)."""
+        if end_of_data and self.waiting is not None:
+            self._ended_calls.append((self.waiting.waiting_since, _clock()))
+        self.waiting = None
+
+    def check_stall(self) -> None:
+        """From the probe's background thread: a call waited past its limit. The trace is read first
+        (the steps so far), then the stall is reported as a DataLoader's is."""
+        waiting = self.waiting
+        stalled = lifecycle.stalled_wait(self.probe, [waiting] if waiting is not None else []) \
+            if self.probe is not None else None
+        if stalled is None:
+            return
+        self.finish_quietly()
+        lifecycle.report_stall(self.probe, *stalled, tf_call=stalled[1].call)
+
+    def finish_quietly(self) -> None:
+        """``finish`` from the probe's own thread, which must go on flushing whatever it raises."""
+        try:
+            self.finish()
+        except Exception:
+            pass
 
     def _mark_step(self) -> None:
         """A step marker from this tick to the next, as Keras 2 wrote one around each step: with it,
@@ -149,6 +225,8 @@ class TfProbe:
     def _record(self, traces: list[tf_trace.IteratorTrace]) -> None:
         written: set[int] = set()
         for iter_id, trace in enumerate(traces):
+            trace.waits = [(t0, t1) for t0, t1 in trace.waits
+                           if not any(a <= t0 and t1 <= b for a, b in self._ended_calls)]
             if not trace.waits:
                 continue
             first = trace.waits[0][0]
@@ -198,6 +276,7 @@ def patch_tensorflow(tf_probe: TfProbe) -> None:
     global _tf_probe
     _tf_probe = tf_probe
     from tensorflow.python.data.ops import iterator_ops
+    from tensorflow.python.eager import context
     owned = iterator_ops.OwnedIterator
 
     def make_create(original):
@@ -211,13 +290,60 @@ def patch_tensorflow(tf_probe: TfProbe) -> None:
 
     def make_next(original):
         def __next__(self):
-            if _tf_probe is not None:
-                _tf_probe.tick(1)
-            return original(self)
+            tf_probe = _tf_probe
+            # Not a tf.function's tracing, nor the batch Keras takes to build the model.
+            if tf_probe is None or tf_probe.building or not context.executing_eagerly():
+                return original(self)
+            tf_probe.tick(1)
+            tf_probe.call_started("next")
+            ended = False
+            try:
+                return original(self)
+            except StopIteration:
+                ended = True
+                raise
+            finally:
+                tf_probe.call_ended(ended)
         return __next__
 
     patch(owned, "_create_iterator", make_create)
     patch(owned, "__next__", make_next)
+    patch_distribute(make_next)
+
+
+def patch_distribute(make_next: Any) -> None:
+    """A distribution strategy's datasets (``experimental_distribute_dataset``, and Keras ``fit``
+    under a strategy): the strategy rebuilds the user's dataset on each device (a graph copy, whose
+    stages carry no sites) and iterates that; the iterator is recorded as made from the user's own
+    dataset instead, so its stages, batch size and findings are the script's. A custom loop's
+    ``next()`` on the distributed iterator is its step, as on a plain one."""
+    try:
+        from tensorflow.python.distribute import input_lib
+    except ImportError:
+        return
+
+    def make_iter(original):
+        def __iter__(self):
+            tf_probe = _tf_probe
+            datasets = getattr(self, "_datasets", None) or [None]  # from a function: the first worker's
+            user = getattr(self, "_original_dataset", None) or datasets[0]
+            if tf_probe is None or user is None or tf_probe.distributing:
+                return original(self)
+            t_created = _clock()
+            tf_probe.distributing = True
+            try:
+                result = original(self)
+            finally:
+                tf_probe.distributing = False
+            tf_probe.iterator_created(user, t_created)
+            return result
+        return __iter__
+
+    for name in ("DistributedDataset", "DistributedDatasetsFromFunction"):
+        if hasattr(input_lib, name):
+            patch(getattr(input_lib, name), "__iter__", make_iter)
+    if hasattr(input_lib, "DistributedIteratorBase"):
+        patch(input_lib.DistributedIteratorBase, "__next__", make_next)
 
 
 def patch_keras(module: Any) -> None:
@@ -232,15 +358,36 @@ def patch_keras(module: Any) -> None:
             function = self.train_function
             if function is not None and not getattr(function, "_gpufeed_ticks", False):
                 def train_function(iterator):
-                    if _tf_probe is not None:
-                        _tf_probe.tick(max(1, int(getattr(self, "steps_per_execution", 1) or 1)))
-                    return function(iterator)
+                    tf_probe = _tf_probe
+                    if tf_probe is None:
+                        return function(iterator)
+                    tf_probe.tick(max(1, int(getattr(self, "steps_per_execution", 1) or 1)))
+                    tf_probe.call_started("train_function")
+                    try:
+                        return function(iterator)
+                    finally:
+                        tf_probe.call_ended()
                 train_function._gpufeed_ticks = True
                 self.train_function = train_function
             return result
         return make_train_function
 
     patch(trainer, "make_train_function", make)
+
+    def make_build(original):
+        def _maybe_symbolic_build(self, *args, **kwargs):
+            # Under a strategy, Keras takes one batch with next() to build the model: not a step.
+            if _tf_probe is None:
+                return original(self, *args, **kwargs)
+            _tf_probe.building = True
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                _tf_probe.building = False
+        return _maybe_symbolic_build
+
+    if hasattr(trainer, "_maybe_symbolic_build"):
+        patch(trainer, "_maybe_symbolic_build", make_build)
 
 
 def install_from_env(_module: Any = None) -> TfProbe | None:
@@ -264,10 +411,8 @@ def _probe_for(tf_probe: TfProbe) -> Probe:
         atexit.register(tf_probe.finish)
         return probe
     # A TensorFlow-only process: its own event file, as the torch probe writes it.
-    config = ProbeConfig.from_env()
-    probe = _TfProcessProbe(tf_probe.run_dir, max_steps=config.max_steps, max_seconds=config.max_seconds,
-                            warmup_steps=config.warmup_steps)
-    probe.before_close = tf_probe.finish
+    probe = _TfProcessProbe.from_config(ProbeConfig.from_env())
+    probe.tf_probe = tf_probe
     atexit.register(probe.close)
     lifecycle.flush_on_sigterm(probe)
     lifecycle.note_how_it_ends(probe)
@@ -278,14 +423,21 @@ def _probe_for(tf_probe: TfProbe) -> Probe:
 
 class _TfProcessProbe(Probe):
     """The probe of a TensorFlow process: however it closes (exit, SIGTERM, ``--steps``), the
-    profiler's trace is read first, so the steps it holds are written."""
+    profiler's trace is read first, so the steps it holds are written; its stall watch watches the
+    calls Python waits in (``TfProbe.check_stall``)."""
 
-    before_close: Any = None
+    tf_probe: TfProbe | None = None
 
     def close(self, reason: str = "exit") -> None:
-        if self.before_close is not None:
-            try:
-                self.before_close()
-            except Exception:
-                pass  # the exit event is written whatever the trace gave
+        if self.tf_probe is not None:
+            self.tf_probe.finish_quietly()  # the exit event is written whatever the trace gave
         super().close(reason)
+
+    def check_stall(self) -> None:
+        """Each second, from the probe's background thread: a stall, and whether gpufeed asked the
+        command to stop (its SIGTERM waits for a main thread stuck in an op: the trace is read now)."""
+        if self.tf_probe is None:
+            return
+        self.tf_probe.check_stall()
+        if os.path.exists(os.path.join(self.run_dir, schema.STOP_MARKER)):
+            self.tf_probe.finish_quietly()

@@ -133,10 +133,12 @@ def _read_wchan(pid: int) -> str | None:
 class _Tracked:
     """A process in the tree, how to read it, and its CPU time at the previous tick."""
 
-    __slots__ = ("proc", "fd", "last_cpu_s", "last_t")
+    __slots__ = ("proc", "fd", "last_cpu_s", "last_t", "newborn")
 
-    def __init__(self, proc: psutil.Process, fd: int | None) -> None:
+    def __init__(self, proc: psutil.Process, fd: int | None, newborn: bool = False) -> None:
         self.proc = proc
+        # Forked since the previous tick: all of its CPU time was spent in this interval.
+        self.newborn = newborn
         # Bound to this process, not the pid: reads fail (ESRCH) once it is reaped, so a
         # reused pid is never mistaken for it.
         self.fd = fd
@@ -172,6 +174,7 @@ class HostReader:
         self._tracked: dict[int, _Tracked] = {}
         self._cpu_pct: dict[int, float | None] = {}  # pid -> % of one core at the last reading
         self._last_discover_t = -math.inf
+        self._last_procs_t: float | None = None
         self._last_cores: list[CoreTimes] | None = None
         self._stat_fd = _open_proc("/proc/stat") if _LINUX else None
         self._meminfo_fd = _open_proc("/proc/meminfo") if _LINUX else None
@@ -266,7 +269,7 @@ class HostReader:
         for pid in found:
             self._track(pid)
 
-    def _track(self, pid: int) -> None:
+    def _track(self, pid: int, newborn: bool = False) -> None:
         if pid in self._tracked:
             return
         fd = _open_proc(f"/proc/{pid}/stat") if _LINUX else None
@@ -277,15 +280,17 @@ class HostReader:
             if fd is not None:
                 os.close(fd)
             return
-        self._tracked[pid] = _Tracked(proc, fd)
+        self._tracked[pid] = _Tracked(proc, fd, newborn)
         self.seen[pid] = create_time
 
     def _new_children(self) -> None:
         """Every tick, the children each tracked process forked from its main thread (where
         DataLoader workers come from): cheap on Linux, and it catches workers that live for one
-        short epoch, which the once-a-second scan of the whole host would miss."""
+        short epoch, which the once-a-second scan of the whole host would miss. Such a child was
+        forked since the previous tick (once the tree has been read once)."""
         if not _LINUX:
             return
+        newborn = self._last_procs_t is not None
         for pid in list(self._tracked):
             try:
                 with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
@@ -293,15 +298,14 @@ class HostReader:
             except OSError:
                 continue
             for child in children:
-                self._track(int(child))
+                self._track(int(child), newborn)
 
     def _procs(self, t: float) -> list[list[Any]]:
         """Rows of [pid, ppid, cpu_pct, threads, status, rss_b] for the tree, root first."""
+        self._new_children()
         if t - self._last_discover_t >= DISCOVER_EVERY_S:
             self._discover()
             self._last_discover_t = t
-        else:
-            self._new_children()
         rows: list[list[Any]] = []
         cpu_pct: dict[int, float | None] = {}
         for pid, tr in list(self._tracked.items()):
@@ -315,9 +319,15 @@ class HostReader:
             if tr.last_cpu_s is not None and tr.last_t is not None and t > tr.last_t:
                 # % of one core: 250 means two and a half cores busy.
                 pct = round(100.0 * (used_s - tr.last_cpu_s) / (t - tr.last_t), 1)
+            elif tr.newborn and self._last_procs_t is not None and t > self._last_procs_t:
+                # Its whole CPU time so far, over the interval it was born in: a DataLoader worker
+                # started again each epoch would otherwise lose its start-up and first batch, and
+                # that CPU would read as other programs' (the host's busy cores less the tree's).
+                pct = round(100.0 * used_s / (t - self._last_procs_t), 1)
             tr.last_cpu_s, tr.last_t = used_s, t
             cpu_pct[pid] = pct
             rows.append([pid, ppid, pct, threads, status, rss_b])
+        self._last_procs_t = t
         self._cpu_pct = cpu_pct  # replaced whole, so snapshot() in another thread sees one tick
         rows.sort(key=lambda r: (r[0] != self.root_pid, r[0]))
         return rows
