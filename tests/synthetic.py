@@ -56,6 +56,10 @@ class Scenario:
     # The CPUs the job may use (meta.cpus) and per-core host readings (default: host_cpu_pct on each)
     cpus: dict | None = None
     host_cpu_per_core: list[float] | None = None
+    # --offload: the loader config's `offload` flag (no local worker then makes a batch, whatever
+    # num_workers says: none is started) and the `offload` events, each written at its "t"
+    offload: dict | None = None
+    offload_events: list[dict] = field(default_factory=list)
 
 
 def write_run(path: Path, sc: Scenario) -> Path:
@@ -71,6 +75,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
               "persistent_workers": sc.persistent_workers, "batch_size": sc.batch_size, "drop_last": False,
               "dataset_type": "Synthetic", "dataset_len": sc.batch_size * sc.steps_per_epoch, "iterable": False,
               "sampler": "RandomSampler", "batch_sampler": "BatchSampler", "multiprocessing_context": None}
+    if sc.offload is not None:
+        config["offload"] = sc.offload
     t_first = t
     switches = 0
     if sc.with_loader and sc.autotune_pools > 1:
@@ -78,7 +84,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
                       "iterable": False, "user": _autotune_settings(sc, sc.num_workers)})
     if sc.with_loader:
         for epoch in range(sc.epochs):
-            workers = [next(worker_pid) for _ in range(sc.num_workers)]
+            workers = [] if sc.offload is not None else [next(worker_pid) for _ in range(sc.num_workers)]
             all_workers += workers
             t_created = t
             iter_id = epoch * sc.autotune_pools
@@ -92,7 +98,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 t_del = t_req + sc.wait_s
                 # With num_workers=0 the batch is made inside next(): the probe takes its CPU time
                 # for one step in 8.
-                cpu = sc.fetch_cpu_s if not sc.num_workers and i % 8 == 0 else None
+                cpu = sc.fetch_cpu_s if not workers and i % 8 == 0 else None
                 rows.append([i, t_req, t_del, sc.batch_size, cpu])
                 if sc.cuda:
                     cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
@@ -129,6 +135,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 t += sc.stall_s
     else:
         t += 3.0
+    for ev in sc.offload_events:
+        events.write({"kind": "offload", "pid": MAIN_PID, **ev})
     if switches:
         last = _autotune_settings(sc, sc.num_workers + switches)
         events.write({"kind": "autotune", "pid": MAIN_PID, "action": "settled", "t": t, "settings": last,

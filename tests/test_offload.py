@@ -153,3 +153,37 @@ def test_the_users_own_modules_travel_by_value_to_nodes_without_them(tmp_path, m
     code = "import sys, ray.cloudpickle as c; print(c.loads(sys.stdin.buffer.read())[3])"
     done = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd="/", timeout=120)
     assert done.stdout.decode().strip() == "(3, 9)", done.stderr.decode()[-2000:]
+
+
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_several_ranks_decline_with_one_sentence_before_training(monkeypatch, capsys, rank, said):
+    """Under torchrun each rank would start its own local Ray (or take every CPU of the cluster for its
+    own pool): the loader is not offloaded, and rank 0 says why, once, when the probe installs."""
+    from torch.utils.data import dataloader
+
+    from gpufeed.offload import hook
+    before = dataloader.DataLoader._get_iterator
+    monkeypatch.setenv(*next(iter(OffloadSettings().to_env().items())))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", rank)
+    hook.install_from_env()
+    assert dataloader.DataLoader._get_iterator is before and hook._state is None  # nothing armed
+    err = capsys.readouterr().err
+    assert err.count("--offload is off: this job has 2 ranks") == (1 if said else 0)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one rank: offloaded as ever
+    try:
+        hook.install_from_env()
+        assert getattr(dataloader.DataLoader._get_iterator, hook.MARK, None) is before
+    finally:
+        hook.uninstall()
+
+
+def test_the_actor_class_is_made_once_per_process(monkeypatch):
+    """Ray exports an actor class to the cluster (a GCS write) once per class object and job: every
+    pool of the process uses the same one, so only the first pool's start writes it."""
+    from gpufeed.offload import ray_engine
+    made = []
+    fake_ray = SimpleNamespace(remote=lambda **options: lambda cls: made.append((cls, options)) or object())
+    monkeypatch.setattr(ray_engine, "_BATCH_MAKER", None)
+    assert ray_engine._batch_maker(fake_ray) is ray_engine._batch_maker(fake_ray)
+    assert [cls.__name__ for cls, _ in made] == ["BatchMaker"] and made[0][1]["num_cpus"] == 1

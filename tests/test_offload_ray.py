@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from gpufeed import thresholds as th
 from gpufeed.offload import OffloadSettings, hook
@@ -142,16 +142,87 @@ def test_lost_cluster_falls_back_to_local_workers_from_the_first_batch_not_deliv
 
 def test_batches_are_pinned_where_the_loader_asks(offloaded, monkeypatch):
     """No accelerator here, so torch turns pin_memory off (as it does for its own iterators): the
-    iterator is told it has one, and torch's pin function is recorded instead of run."""
+    iterator is told it has one, and torch's pin function is recorded instead of run. The batches
+    are received and pinned on a thread of their own (as torch's pin-memory thread), delivered in
+    the sampler's order, and the thread ends with the epoch."""
+    import threading
+
     from gpufeed.offload import iterator as offload_iterator
     pinned = []
     monkeypatch.setattr(offload_iterator.torch_pin, "pin_memory",
-                        lambda data, device: pinned.append(device) or ("pinned", data))
+                        lambda data, device: pinned.append((device, threading.current_thread().name)) or ("pinned", data))
     offloaded()
-    it = iter(_loader(Augmented(n=8), pin_memory=True))
+    it = iter(_loader(Augmented(n=24), pin_memory=True, shuffle=False))
     it._pin_memory, it._pin_memory_device = True, "cuda"
     batches = list(it)
-    assert len(batches) == 2 and all(b[0] == "pinned" for b in batches) and pinned == ["cuda", "cuda"]
+    assert [b[0] for b in batches] == ["pinned"] * 6
+    assert [b[1][0].tolist() for b in batches] == [list(range(i, i + 4)) for i in range(0, 24, 4)]
+    assert pinned == [("cuda", "gpufeed-offload-pin")] * 6  # each batch once, off the loop's thread
+    assert it._receiver is None and not any(t.name == "gpufeed-offload-pin" for t in threading.enumerate())
+
+
+def test_a_worker_killed_mid_batch_while_the_thread_pins_loses_nothing(offloaded, monkeypatch, tmp_path):
+    """The receiving thread gets the dead worker's error; the loop sends its batches again; the thread
+    forgets the old references and receives the new ones: each batch once, in the sampler's order."""
+    from gpufeed.offload import iterator as offload_iterator
+    monkeypatch.setattr(offload_iterator.torch_pin, "pin_memory", lambda data, device: ("pinned", data))
+    plain = [i for i, _ in _epochs(_loader(Augmented()), epochs=1)]
+    state = offloaded()
+    torch.manual_seed(7)
+    it = iter(_loader(Augmented(kill_at=13, marker=str(tmp_path / "killed"))))
+    it._pin_memory, it._pin_memory_device = True, "cuda"
+    got = [batch[1][0].tolist() for batch in it]
+    assert (tmp_path / "killed").exists() and state.stats.workers_lost == 1
+    assert got == plain
+
+
+class Stream(IterableDataset):
+    """Split by its own workers, as torch's docs show, and unevenly: of two workers, worker 0 takes
+    every third sample and worker 1 the others, so worker 0's stream ends first. Each sample carries
+    a random augmentation (torch's RNG, seeded per worker). ``kill_at``: the worker yielding that
+    sample dies, once (``marker``)."""
+
+    def __init__(self, n: int = 42, kill_at: int = -1, marker: str = "") -> None:
+        self.n, self.kill_at, self.marker = n, kill_at, marker
+
+    def __iter__(self):
+        info = get_worker_info()
+        for i in range(self.n):
+            if info is not None and info.num_workers == 2 and (i % 3 == 0) != (info.id == 0):
+                continue
+            if i == self.kill_at and not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                os._exit(1)
+            yield torch.tensor(i), torch.rand(2)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_an_iterable_dataset_gives_the_batches_of_a_plain_run_exactly_once(offloaded, persistent):
+    """Each Ray worker is one of torch's workers (get_worker_info's id and num_workers, its seed),
+    taken round robin as torch takes them, a worker whose stream ended left out: the same batches in
+    the same order, even the random augmentation, across two epochs."""
+    def loader() -> DataLoader:
+        return DataLoader(Stream(), batch_size=4, num_workers=WORKERS, persistent_workers=persistent)
+    plain = _epochs(loader())
+    state = offloaded()
+    remote = _epochs(loader())
+    assert remote == plain
+    assert len(plain) == 2 * 11 and state.stats.batches == len(plain)  # worker 0: 4 batches, worker 1: 7
+    assert sorted(i for batch, _ in remote[:11] for i in batch) == list(range(42))  # an epoch: each sample once
+
+
+def test_an_iterable_dataset_without_workers_is_one_ray_worker(offloaded):
+    """num_workers=0: the one stream, made by one Ray worker (as torch's one worker would make it)."""
+    plain = _epochs(DataLoader(Stream(), batch_size=4), epochs=1)
+    offloaded()
+    remote = _epochs(DataLoader(Stream(), batch_size=4), epochs=1)
+    assert [i for i, _ in remote] == [i for i, _ in plain]
+
+
+def test_an_iterable_dataset_whose_worker_dies_stops_with_one_sentence(offloaded, tmp_path):
+    offloaded()
+    with pytest.raises(OffloadError, match="cannot be made by another worker"):
+        _epochs(DataLoader(Stream(kill_at=13, marker=str(tmp_path / "killed")), batch_size=4, num_workers=WORKERS))
 
 
 def _ray_processes() -> set[int]:
@@ -162,21 +233,24 @@ def _ray_processes() -> set[int]:
 
 
 def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_running(tmp_path):
-    """`gpufeed diagnose --offload ray` with the embedded default: a local Ray started inside the
-    training process, its batches measured by the probe, and everything gone at the end."""
+    """`gpufeed diagnose --offload ray --report` with the embedded default: a local Ray started inside
+    the training process, its batches measured by the probe, the loader config flagged as offloaded
+    (so the analysis does not read the script's num_workers=2 as local workers), the report's Ray
+    section drawn from the record, and everything gone at the end."""
     import glob
     import json
     import subprocess
     import sys
     from pathlib import Path
 
+    from tests.browser import Chromium
     from tests.test_cli import assert_nothing_left_running
     needs.library("ray")
     script = str(Path(__file__).parent / "workloads" / "offload" / "train.py")
     before = _ray_processes()
     done = subprocess.run([sys.executable, "-m", "gpufeed", "diagnose", "--offload", "ray", "--out", str(tmp_path / "run"),
-                           "--json", str(tmp_path / "diag.json"), "--warmup", "2", "--", sys.executable, script,
-                           "--out", str(tmp_path / "batches.json"), "--samples", "400", "--epochs", "1"],
+                           "--json", str(tmp_path / "diag.json"), "--warmup", "2", "--report", "--", sys.executable,
+                           script, "--out", str(tmp_path / "batches.json"), "--samples", "1200", "--epochs", "1"],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert_nothing_left_running(script)
@@ -184,8 +258,50 @@ def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_run
     events = [json.loads(line) for path in glob.glob(str(tmp_path / "run" / "events" / "*.jsonl"))
               for line in open(path)]
     offload = sorted((e for e in events if e["kind"] == "offload"), key=lambda e: e["t"])
-    assert offload and offload[-1]["batches"] == 50 and offload[-1]["latency_ms_p50"] > 0
+    assert offload and offload[-1]["batches"] == 150 and offload[-1]["latency_ms_p50"] > 0
+    assert [e["batches"] for e in offload] == [64, 128, 150]  # every 64 batches, and at the end
     diagnosis = json.loads((tmp_path / "diag.json").read_text())
     assert diagnosis["metrics"]["steps"] > 0  # the probe measured the offloaded iterator's steps
     # Ray's own worker processes were not measured as if they were training processes.
     assert {e["pid"] for e in events if e["kind"] == "process"} == {e["pid"] for e in offload}
+
+    # The loader config says the batches were made on Ray, by the workers that started (2 CPUs here).
+    (iterator,) = [e for e in events if e["kind"] == "iterator"]
+    assert iterator["config"]["num_workers"] == 2 and iterator["worker_pids"] == []
+    assert iterator["config"]["offload"] == {"backend": "ray", "workers": offload[-1]["workers"], "nodes": 1,
+                                             "address": None}
+    m = diagnosis["metrics"]
+    assert m["offload"]["batches"] == 150 and m["offload"]["by_node"] == offload[-1]["by_node"]
+    assert m["fetch_ms_per_batch_p50"] is None and m["worker_fetch_cpu_ratio"] is None  # no local worker
+    local = {"too_few_workers", "cpu_saturated", "storage_latency", "too_many_workers", "thread_oversubscription",
+             "worker_restart", "input_wait"}
+    assert local & {f["id"] for f in diagnosis["findings"]} == set()
+    assert "Ray workers (--offload)" in diagnosis["what_if"]["cannot_predict"]
+    assert "Offload" in done.stdout and "150 batches made by" in done.stdout
+
+    # The report draws the Ray side from the record: batches per node, latency between the records.
+    with Chromium(needs.tool("chromium", "chromium-browser")) as browser:
+        session, page = browser.open(tmp_path / "run" / "report.html")
+        assert page.errors == [], page.errors
+        drawn = browser.evaluate(session, "DATA.runs[0].offload")
+        ids = browser.evaluate(session, "charts.map(([u, el]) => el.id)")
+    assert drawn["batches"] == list(offload[-1]["by_node"].values())
+    assert drawn["latency_ms"] == [e["recent_latency_ms_p50"] for e in offload]
+    assert {"run-0-offload-nodes", "run-0-offload-latency"} <= set(ids)
+
+
+def test_under_torchrun_offloading_declines_with_one_sentence_before_training(tmp_path):
+    """`gpufeed run --offload ray -- torchrun ...`: gpufeed does not yet share one cluster's workers
+    between ranks, so no rank starts a Ray; rank 0 says so once, before its first batch, and each
+    rank trains on its DistributedSampler's batches with its local workers."""
+    from tests.test_cli import assert_nothing_left_running, gpufeed
+    from tests.test_distributed import DDP, torchrun
+    before = _ray_processes()
+    done = gpufeed(["run", "--offload", "ray", "--", *torchrun(), str(DDP), "--steps", "6", "--workers", "1"],
+                   cwd=tmp_path, timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert_nothing_left_running(str(DDP))
+    assert done.stderr.count("--offload is off: this job has 2 ranks") == 1
+    assert "Ray workers" not in done.stderr and _ray_processes() <= before  # no Ray was started
+    out = done.stdout + done.stderr
+    assert "rank 0/2: 6 steps" in out and "rank 1/2: 6 steps" in out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -340,3 +341,41 @@ def test_newer_or_broken_tune_json(tmp_path):
     (tune / "tune.json").write_text(json.dumps({"schema": "gpufeed.tune/1", "trials": [{"status": "ok",
                                                                                        "samples_per_s": 3}]}))
     assert "missing fields" in build_report(tune).problems[0]
+
+
+def test_offloaded_run_shows_its_ray_batches_per_node_and_their_latency(tmp_path, browser):
+    """--offload: a section with the batches per Ray node and the latency between the offload
+    records; every value drawn is the record's."""
+    from tests.test_offload_analysis import OFFLOADED
+    run = write_run(tmp_path / "run", OFFLOADED)
+    session, shown = rendered(browser, write_report(run, tmp_path / "r.html"))
+    assert {"run-0-offload-nodes", "run-0-offload-latency"} <= set(shown["ids"])
+    assert shown["charts"] == shown["canvases"] == 4 + 2  # cpu, wait, rate, histogram; the two offload charts
+    events = [json.loads(line) for line in (run / "events" / "1000.jsonl").read_text().splitlines()]
+    events = [e for e in events if e["kind"] == "offload"]
+    drawn = browser.evaluate(session, """(() => {
+        const u = charts.map(([u, el]) => [el.id, u]);
+        const get = id => u.find(([i]) => i === id)[1].data;
+        return {nodes: get('run-0-offload-nodes'), latency: get('run-0-offload-latency'),
+                rows: [...document.querySelectorAll('#run-0-offload-nodes-table tr')].slice(1)
+                        .map(tr => [...tr.cells].map(td => td.textContent.trim())),
+                summary: document.getElementById('run-0-offload-summary').textContent};
+    })()""")
+    last = events[-1]
+    assert drawn["nodes"][1] == list(last["by_node"].values())
+    assert [row[1:3] for row in drawn["rows"]] == [[node, str(n)] for node, n in last["by_node"].items()]
+    assert drawn["latency"][1] == [e["recent_latency_ms_p50"] for e in events]
+    expected_rates = [None] + [round((b["batches"] - a["batches"]) / (b["t"] - a["t"]), 2)
+                               for a, b in zip(events, events[1:])]
+    assert drawn["latency"][2] == expected_rates
+    assert f"{last['batches']} batches made by 2 Ray workers on 2 nodes" in drawn["summary"]
+    assert f"latency p50 {last['latency_ms_p50']:.3g} ms" in drawn["summary"]
+    assert "offload_input_wait" in shown["findings"]
+    measured = browser.evaluate(session, "document.querySelector('pre').textContent")
+    assert re.search(r"^Offload +200 batches", measured, re.M) and not re.search(r"^Loader ", measured, re.M)
+
+
+def test_a_run_without_offload_has_no_offload_section(tmp_path, browser):
+    session, shown = rendered(browser, write_report(write_run(tmp_path / "run", Scenario()), tmp_path / "r.html"))
+    assert not any(i.startswith("run-0-offload") for i in shown["ids"])
+    assert browser.evaluate(session, "document.getElementById('run-0-offload-summary')") is None

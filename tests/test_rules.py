@@ -277,6 +277,29 @@ def test_cpu_saturated_says_how_many_cores_and_the_offload_command(tmp_path):
     assert "gpufeed run --offload ray" in f.recommendation
 
 
+def test_cpu_saturated_sizes_the_cores_from_the_what_if_model_it_is_given(tmp_path):
+    """The rule reads the model's answers from its Context (measured before the rules run): its count
+    first, the CPU per sample and step time without it, and nothing where these cores reach the ceiling."""
+    from types import SimpleNamespace
+
+    from gpufeed.analysis import ranks, rules
+    from gpufeed.analysis.metrics import loader_summaries
+    from gpufeed.analysis.rules.loader import cpu_saturated
+    from gpufeed.offload.sizing import FROM_MODEL, FROM_RATES
+    from gpufeed.record.reader import load_run
+    record = load_run(write_run(tmp_path / "run", SATURATED))
+    metrics, training = ranks.job_metrics(record, loader_summaries(record))
+
+    def sized(what_if):
+        return cpu_saturated(rules.Context(record=record, metrics=metrics, training=training, what_if=what_if))
+    f = sized(SimpleNamespace(cannot_predict=None, cores_for_ceiling=metrics.cpu_count + 7))
+    assert (f.evidence["cores_needed"], f.evidence["cores_needed_from"]) == (metrics.cpu_count + 7, FROM_MODEL)
+    assert f"--ray-workers {metrics.cpu_count + 7}" in f.recommendation
+    assert sized(SimpleNamespace(cannot_predict="too few steps")).evidence["cores_needed_from"] == FROM_RATES
+    quiet = sized(SimpleNamespace(cannot_predict=None, cores_for_ceiling=None))
+    assert "cores_needed" not in quiet.evidence and "--offload" not in quiet.recommendation
+
+
 def test_no_offload_advice_where_more_workers_are_the_fix(tmp_path):
     f = diagnose(tmp_path, FEW_WORKERS).finding("too_few_workers")
     assert "--offload" not in f.recommendation and "cores_needed" not in f.evidence

@@ -224,3 +224,20 @@ def test_gpus_through_a_fake_nvml(tmp_path):
     board.tick(5.0)
     assert re.search(r"0 +N/A +▇▇▇▇▇  ", screen(board)), "a failed reading is N/A and a gap, not 0"
     reader.close()
+
+
+def test_an_offloaded_run_shows_its_ray_line(tmux):
+    """--offload: one line with the Ray workers, the batches/s between the last two offload records,
+    the latency before the last and the resent/lost counts, all from the record."""
+    from tests.test_offload_analysis import OFFLOADED
+    run = running_run(tmux.tmp / "myrun", **vars(OFFLOADED))
+    *_, before, last = OFFLOADED.offload_events
+    rate = (last["batches"] - before["batches"]) / (last["t"] - before["t"])
+    tmux.start(str(run) + " --interval 0.2")
+    line = tmux.wait_for(r"Ray .*").group(0)
+    assert (f"Ray 2 workers on 2 nodes · batches/s {rate:,.1f}   latency p50 {last['recent_latency_ms_p50']:.1f} ms"
+            f"   resent/lost {last['resent']}/{last['workers_lost']}") in line, line
+    assert re.search(r"HIGH +offload_input_wait", tmux.screen())
+    assert not re.search(r"^ +workers ", tmux.screen(), re.M), "no local workers to show"
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0

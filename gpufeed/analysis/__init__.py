@@ -4,14 +4,12 @@ Data flows one way: ``record`` → ``metrics.compute`` → ``rules.RULES`` → `
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from gpufeed import thresholds as th
 from gpufeed.analysis import ranks, rules, whatif
 from gpufeed.analysis.findings import SEVERITY_ORDER, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics, loader_summaries
-from gpufeed.offload.sizing import cores_needed
 from gpufeed.record.reader import RunRecord, load_run
 
 __all__ = ["analyze", "analyze_record", "Diagnosis", "Finding", "Metrics"]
@@ -25,7 +23,8 @@ def analyze(run_dir: str | Path) -> Diagnosis:
 def analyze_record(record: RunRecord) -> Diagnosis:
     loaders = loader_summaries(record)
     metrics, training = ranks.job_metrics(record, loaders)
-    ctx = rules.Context(record=record, metrics=metrics, training=training)
+    model = whatif.model(record, training, metrics)  # before the rules: cpu_saturated sizes the cores from it
+    ctx = rules.Context(record=record, metrics=metrics, training=training, what_if=model.answers)
     findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
     findings += rules.unexplained_losses(ctx, findings)
     # Ranked by the time they cost; findings that cost nothing measurable come last.
@@ -37,8 +36,7 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     if metrics.throughput_check:
         warnings.append(metrics.throughput_check)
     gpu_error = record.meta.sampler.get("gpu_error")
-    what_if = whatif.what_if(record, training, metrics, findings)
-    findings = [_with_offload_advice(f, metrics, what_if, record.meta.command) for f in findings]
+    what_if = whatif.what_if(record, training, metrics, findings, model)
     return Diagnosis(
         bottleneck=None if too_few else primary_bottleneck(
             metrics, has_data=bool(record.iterators) or len(record.samples) > 0),
@@ -51,18 +49,6 @@ def analyze_record(record: RunRecord) -> Diagnosis:
              "exit_code": record.meta.exit_code, "message": record.meta.message},
         warnings=warnings, what_if=what_if,
     )
-
-
-def _with_offload_advice(f: Finding, metrics: Metrics, what_if, command: list[str]) -> Finding:
-    """Every core busy and the GPU still waits: say how many cores it needs, and the --offload command
-    that gives them (the what-if model's count when it could predict; docs/offload.md)."""
-    if f.id != "cpu_saturated":
-        return f
-    need = cores_needed(metrics, what_if, command)
-    if need is None:
-        return f
-    return dataclasses.replace(f, recommendation=f"{f.recommendation} {need.sentence()}",
-                               evidence={**f.evidence, "cores_needed": need.cores, "cores_needed_from": need.source})
 
 
 def _too_few_steps(record: RunRecord, m: Metrics) -> str | None:

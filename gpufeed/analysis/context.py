@@ -7,7 +7,7 @@ below the rank analysis (``analysis/ranks.py``), so that any of them can name th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from gpufeed.analysis.findings import Finding
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
@@ -19,6 +19,9 @@ class Context:
     record: RunRecord
     metrics: Metrics
     training: LoaderSummary | None   # the training loader (``metrics.pick_training``)
+    # The what-if model's answers (``whatif.WhatIf``: ``cannot_predict`` says why there are none), measured
+    # before the rules run, for a rule that sizes its advice from them; None where not measured.
+    what_if: Any = None
 
 
 Rule = Callable[[Context], Optional[Finding]]

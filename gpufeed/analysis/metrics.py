@@ -21,6 +21,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
+from gpufeed.analysis.offloaded import Offload, of_loader
 from gpufeed.analysis.rank_summary import RankSummary
 from gpufeed.analysis.steps import StepSeries, measurement_window
 from gpufeed.record import schema
@@ -133,6 +134,9 @@ class Metrics:
     # force at the end, "switches": n} (labels as ``LoaderSettings.label``). The loader's settings
     # above (num_workers, prefetch_factor, the training loader's config) are then those at the end.
     autotuned: dict[str, Any] | None = None
+    # --offload: the batches were made on Ray (``analysis/offloaded.py``); the local-worker numbers
+    # above are then N/A, whatever num_workers the config names
+    offload: Offload | None = None
     # several ranks (torchrun, or any launcher setting RANK): see ``analysis/ranks.py``. Then
     # ``samples_per_s`` is the job's (all ranks) and the other step and loader numbers are the
     # focus rank's: the one whose loader held the job back most.
@@ -374,7 +378,10 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
     # training process inside next() (the steps themselves, CPU time taken for some of them).
     producers = set(training.worker_pids) or {training.pid}
     fetches = [f for f in record.fetches if f.pid in producers]
-    if training.worker_pids:
+    m.offload = of_loader(record, its)
+    if m.offload is not None:  # made on Ray: inside next() is the wait for Ray, not a batch being made
+        rows = FetchRows.of([])
+    elif training.worker_pids:
         rows = FetchRows.concat(f.rows for f in fetches)
     else:
         rows = _made_in_next(StepRows.concat(it.steps for it in its))
@@ -478,7 +485,7 @@ def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, t
     """num_workers=0: the training process makes each batch inside next(). Its state then tells a
     process waiting for a core (a host busy with other programs, a CPU quota) from one asleep on
     I/O, as the workers' states do for them: its CPU time alone would call both "asleep"."""
-    if training is None or training.worker_pids:
+    if training is None or training.worker_pids or m.offload is not None:
         return
     its = [it for it in record.iterators if it.key == (training.pid, training.loader_id) and len(it.steps)]
     if not its:

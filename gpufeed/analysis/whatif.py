@@ -164,6 +164,9 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                             "from a run at fixed settings")
     if m.samples_unknown:
         raise CannotPredict(f"the samples of its batches are not counted ({m.samples_unknown})")
+    if m.offload is not None:  # its num_workers made none of them: the model's workers are local processes
+        raise CannotPredict(f"its batches were made by {m.offload.workers} Ray workers (--offload), not by local "
+                            "DataLoader workers on this host, and the model covers local workers only")
     t0, t1 = m.window_start_t, m.window_end_t
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = StepRows.concat(it.steps for it in its)
@@ -464,13 +467,32 @@ def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[i
 
 
 # -- the answers for a diagnosis -------------------------------------------------------------------------
-def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = ()) -> WhatIf:
-    """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best."""
+@dataclass(frozen=True)
+class Model:
+    """The model measured from a run before the rules read it (a rule may size its advice from its
+    answers), and the costs the findings' fixes are predicted from after."""
+
+    answers: WhatIf               # your settings, the ceiling, the best; or why it cannot predict
+    spread: _Spread | None = None
+
+
+def model(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> Model:
     try:
         spread = measure_costs(record, training, m)
     except CannotPredict as reason:
-        return WhatIf(cannot_predict=str(reason))
-    result = _answers(spread, _run_noise(record, training, m), m)
+        return Model(WhatIf(cannot_predict=str(reason)))
+    return Model(_answers(spread, _run_noise(record, training, m), m), spread)
+
+
+def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = (),
+            measured: Model | None = None) -> WhatIf:
+    """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best
+    (``measured``: the run's model, measured already)."""
+    measured = measured or model(record, training, m)
+    spread = measured.spread
+    if spread is None:
+        return measured.answers
+    result = replace(measured.answers, predictions=list(measured.answers.predictions))
     seen = {(result.yours.num_workers, result.yours.persistent_workers)}
     for why, w, p in _finding_settings(findings, spread.p50):
         if (w, p) not in seen:

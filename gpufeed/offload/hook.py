@@ -2,8 +2,8 @@
 
 ``install_from_env()`` (called by the probe's installer, where torch's DataLoader is imported, under
 ``gpufeed run --offload`` and ``gpufeed diagnose --offload``) wraps ``DataLoader._get_iterator``:
-an iterator of a training loader over a map-style dataset becomes a ``RayBatches``; evaluation
-loaders, IterableDatasets, and every loader once the cluster is lost, keep torch's own iterator.
+an iterator of a training loader (map-style or IterableDataset) becomes a ``RayBatches``; evaluation
+loaders, and every loader once the cluster is lost, keep torch's own iterator.
 The probe wraps ``_get_iterator`` after this, so it measures the offloaded iterator like any other.
 
 What cannot start (Ray missing, the cluster unreachable, a dataset that cannot be pickled) ends the
@@ -26,13 +26,33 @@ _state: "_Offload | None" = None
 
 
 def install_from_env() -> None:
-    """Arm offloading when ``GPUFEED_OFFLOAD`` asks for it (idempotent)."""
+    """Arm offloading when ``GPUFEED_OFFLOAD`` asks for it (idempotent); declined, with one sentence
+    before the training starts, in a job of several ranks."""
     try:
         settings = OffloadSettings.from_env()
     except ValueError as error:
         _fail(str(error))
-    if settings is not None:
-        install(settings)
+    if settings is None:
+        return
+    refusal = distributed_refusal()
+    if refusal is not None:
+        from gpufeed.measure.inside.lifecycle import RANK_ENV, env_int
+        if not env_int(*RANK_ENV):  # said once, by rank 0
+            sys.stderr.write(f"gpufeed: {refusal}\n")
+        return
+    install(settings)
+
+
+def distributed_refusal() -> str | None:
+    """Why the training loader is not offloaded in this process, or None: under torchrun (or any
+    launcher with several ranks) each rank would start its own local Ray, or take every CPU of the
+    cluster for its own pool, and gpufeed does not yet share one cluster's workers between ranks."""
+    from gpufeed.measure.inside.lifecycle import WORLD_SIZE_ENV, env_int
+    ranks = env_int(*WORLD_SIZE_ENV)
+    if ranks is None or ranks <= 1:
+        return None
+    return (f"--offload is off: this job has {ranks} ranks, and gpufeed cannot yet share one Ray cluster's "
+            "workers between ranks, so each rank's DataLoader keeps its local workers.")
 
 
 def install(settings: OffloadSettings) -> None:
@@ -96,23 +116,16 @@ class _Offload:
         self.pool: Any = None
         self.lost = False
         self.stats = Stats(on_progress=self.record)
-        self.said_local: set[str] = set()
+        self.recorded = 0  # batches whose latency an `offload` event has summed up already
 
     def wants(self, loader: Any, frame: Any) -> bool:
-        """Whether this iterator is offloaded: a training loader over a map-style dataset."""
+        """Whether this iterator is offloaded: a training loader's (map-style or IterableDataset)."""
         if self.lost:
             return False
-        from torch.utils.data import _DatasetKind
         from gpufeed.measure.inside import roles
         built = getattr(loader, "_gpufeed_built", None) or {}
         role, _why = roles.iterator_role(frame, built.get("built_as"))
-        if role != roles.TRAIN:
-            return False
-        if loader._dataset_kind != _DatasetKind.Map:
-            self._once("iterable", "the training DataLoader reads an IterableDataset, whose order depends on how "
-                       "its own workers split it: it is not offloaded and keeps its local workers")
-            return False
-        return True
+        return role == roles.TRAIN
 
     def iterator(self, loader: Any) -> Any:
         from gpufeed import thresholds as th
@@ -127,8 +140,18 @@ class _Offload:
             nodes = {s.node_id for s in self.pool.usable()}
             self.note(f"the training DataLoader's batches are made by {len(self.pool.usable())} Ray workers on "
                       f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} of {self.settings.where()}")
-        return RayBatches(loader, self.pool, self.stats, say, self._lost,
-                          self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
+        iterator = RayBatches(loader, self.pool, self.stats, say, self._lost,
+                              self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
+        # The probe records it as the loader config's `offload` (docs/run-record.md): the analysis then
+        # knows the batches were made on Ray, not by the num_workers the config still names.
+        iterator._gpufeed_offload = self.flag(iterator._worker_count)
+        return iterator
+
+    def flag(self, workers: int) -> dict[str, Any]:
+        """What made the batches: the engine, its workers and nodes, and the cluster (None: a local Ray)."""
+        usable = self.pool.usable()[:workers]
+        return {"backend": self.settings.engine, "workers": len(usable),
+                "nodes": len({s.node_id for s in usable}), "address": self.settings.address}
 
     def _lost(self) -> None:
         self.lost = True
@@ -137,11 +160,6 @@ class _Offload:
 
     def note(self, message: str) -> None:
         sys.stderr.write(f"gpufeed: {message}\n")
-
-    def _once(self, key: str, message: str) -> None:
-        if key not in self.said_local:
-            self.said_local.add(key)
-            say(message)
 
     def summary(self) -> dict[str, Any]:
         s = self.stats
@@ -155,7 +173,10 @@ class _Offload:
         probe = _active_probe()
         if probe is not None:
             import time
-            probe.event("offload", t=time.perf_counter(), **self.summary())
+            # The latency of the batches since the last event too: the report draws it over time.
+            recent = self.stats.latency_s[self.recorded:]
+            self.recorded = len(self.stats.latency_s)
+            probe.event("offload", t=time.perf_counter(), **self.summary(), recent_latency_ms_p50=_ms(recent))
 
     def close(self) -> None:
         if self.stats.batches:

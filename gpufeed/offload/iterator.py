@@ -14,10 +14,23 @@ order, each exactly once:
 - every worker lost and none back within ``OFFLOAD_LOST_AFTER_S``: the rest of the epoch, starting
   with the first batch not delivered, is made by local workers (the loader's own settings), with
   a warning; later epochs stay local.
+
+An IterableDataset is split by its own workers (``get_worker_info()``), so its order is decided by
+which worker makes which batch: it gets the script's ``num_workers`` Ray workers (one for 0), each
+one of torch's workers (its id, ``num_workers`` and seed), taken round robin as torch's
+``_try_put_index`` takes them, a worker whose stream ended left out (``BatchMaker.fetch`` answers
+``ended``, as torch's worker answers ``_IterableDatasetStopIteration``). A worker's stream cannot be
+moved to another: a lost worker, or the lost cluster, mid-epoch is an error for it, as torch stops
+when one of its workers dies.
+
+Where the loader asks for pinned memory (``pin_memory=True`` and an accelerator), the batches are
+received and pinned on a thread of their own (``pinning.Receiver``), as torch's multi-process
+iterator pins in its pin-memory thread: not on the loop's critical path.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -30,9 +43,11 @@ from torch.utils.data._utils import pin_memory as torch_pin
 from gpufeed import thresholds as th
 from gpufeed.offload import payload
 from gpufeed.offload.errors import OffloadError
+from gpufeed.offload.pinning import Receiver
 from gpufeed.offload.ray_engine import Pool, Slot
 
 _tokens = itertools.count()
+_ENDED = object()  # a worker's stream of an IterableDataset has no batch left
 
 
 @dataclass
@@ -46,6 +61,7 @@ class _Batch:
     # The nodes whose workers died while it was sent to them: a node's other workers die with it, so
     # a batch counts against itself once per node, not once per worker.
     failed_on: set = field(default_factory=set)
+    stream: int | None = None  # an IterableDataset's: the worker whose stream it comes from
 
 
 @dataclass
@@ -76,40 +92,63 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         self._warn = warn
         self._on_lost = on_lost
         self._lost_after_s = lost_after_s
-        self._limit = pool.size * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
+        # An IterableDataset is split by its own workers (get_worker_info()): the script's num_workers
+        # of them (one for num_workers=0), each one of torch's workers, taken round robin as torch does.
+        self._streams = max(loader.num_workers, 1) if self._dataset_kind == torch_dataloader._DatasetKind.Iterable else None
+        if self._streams is not None and self._streams > pool.size:
+            raise OffloadError(f"the training DataLoader reads an IterableDataset with num_workers={loader.num_workers}, "
+                               f"which needs as many Ray workers, and the pool has {pool.size}: give --ray-workers "
+                               f"{self._streams}")
+        self._worker_count = self._streams or pool.size
+        self._limit = self._worker_count * (loader.prefetch_factor or th.OFFLOAD_PREFETCH_FACTOR)
         self._local: Any = None
         self._job_ref = None
+        self._receiver: Receiver | None = None  # receives and pins on a thread where pin_memory asks
         self._reset(loader, first_iter=True)
 
     # -- epochs --------------------------------------------------------------------------------
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         super()._reset(loader, first_iter)
         # A new epoch drops the batches of the last one never taken, as torch does.
+        if self._receiver is not None:
+            self._receiver.forget_all()
         self._batches: dict[int, _Batch] = {}
         self._send_idx = self._rcvd_idx = 0
         self._sampler_done = False
         if self._local is not None or self._pool is None:
             self._restart_local(loader)
             return
+        if self._streams is not None:  # each epoch starts with worker 0, every stream open (torch's _reset)
+            self._open = [True] * self._streams
+            self._next_stream = itertools.cycle(range(self._streams))
         if first_iter or not self._persistent_workers:
             self._start_workers()
+        elif self._streams is not None:  # persistent workers: each iterates its copy again
+            for slot in self._pool.slots[:self._streams]:
+                slot.actor.resume.remote(self._token)
         self._fill()
 
     def _start_workers(self) -> None:
         """Each worker gets a fresh copy of the dataset, seeded as torch seeds its worker."""
         self._token = next(_tokens)
         self._job_ref = payload.put(self._ray, payload.job_of(self, self._loader))
-        for slot in self._pool.slots:
+        slots = self._pool.slots[:self._worker_count]
+        if self._streams is not None and not all(s.ready and not s.lost for s in slots):
+            raise OffloadError(f"an IterableDataset needs all its {self._streams} Ray workers (each yields its own "
+                               f"part of the stream) and {sum(s.ready and not s.lost for s in slots)} are running")
+        for slot in slots:
             if not slot.lost:
                 self._send_start(slot)
 
     def _send_start(self, slot: Slot) -> None:
-        slot.actor.start.remote(self._token, self._job_ref, slot.worker_id, self._pool.size, self._base_seed)
+        slot.actor.start.remote(self._token, self._job_ref, slot.worker_id, self._worker_count, self._base_seed)
 
     # -- sending -------------------------------------------------------------------------------
     def _fill(self) -> None:
         """Send batches until ``prefetch_factor`` per worker are in flight (backpressure)."""
         while len(self._batches) < self._limit and not self._sampler_done:
+            if self._streams is not None and not any(self._open):
+                break  # every worker's stream has ended: the epoch is over once those in flight are in
             try:
                 indices = self._next_index()
             except StopIteration:
@@ -122,26 +161,56 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     def _send(self, k: int) -> None:
         batch = self._batches[k]
-        batch.slot = self._pool.pick(k)
+        if batch.ref is not None and self._receiver is not None:  # sent again: the old one is never asked for
+            self._receiver.forget(batch.ref)
+        batch.slot = self._pool.pick(k) if self._streams is None else self._stream_slot(k, batch)
         batch.ref = None if batch.slot is None else batch.slot.actor.fetch.remote(self._token, batch.indices)
         batch.sent_t = time.perf_counter()
+        if batch.ref is not None and self._receiver is not None:
+            self._receiver.submit(batch.ref)
+
+    def _stream_slot(self, k: int, batch: _Batch) -> Slot:
+        """An IterableDataset's batch ``k`` goes to the next worker whose stream is open, as torch's
+        ``_try_put_index`` cycles; a batch never goes to another worker (its stream is that worker's)."""
+        worker = next(w for w in self._next_stream if self._open[w])
+        batch.stream = worker
+        return self._pool.slots[worker]
 
     # -- receiving -----------------------------------------------------------------------------
     def _next_data(self) -> Any:
         if self._local is not None:
             return self._local._next_data()
-        k = self._rcvd_idx
-        if k not in self._batches:
-            raise StopIteration
-        data = self._receive(k)
-        if self._local is not None:  # the cluster was lost while waiting: the epoch goes on locally
-            return self._local._next_data()
-        del self._batches[k]
-        self._rcvd_idx += 1
-        self._fill()
-        if self._pin_memory:  # as torch's single-process iterator pins: here, after the batch arrives
-            data = torch_pin.pin_memory(data, self._pin_memory_device)
-        return data
+        while True:
+            k = self._rcvd_idx
+            if k not in self._batches:
+                self._stop_receiver()
+                raise StopIteration
+            if self._pin_memory and self._receiver is None:
+                self._start_receiver()
+            data = self._receive(k)
+            if self._local is not None:  # the cluster was lost while waiting: the epoch goes on locally
+                return self._local._next_data()
+            stream = self._batches.pop(k).stream
+            self._rcvd_idx += 1
+            if data is _ENDED:  # that worker's stream has ended: its later batches are skipped, as in torch
+                self._open[stream] = False
+            self._fill()
+            if data is not _ENDED:
+                return data  # pinned by the receiver where the loader asks for it
+
+    def _start_receiver(self) -> None:
+        """Batches received and pinned on a thread, as torch's pin-memory thread does, in the order sent."""
+        device = self._pin_memory_device
+        self._receiver = Receiver(self._ray.get, functools.partial(_pin, device), self._limit,
+                                  _pin_thread_setup(_device_index()))
+        for k in sorted(self._batches):
+            if self._batches[k].ref is not None:
+                self._receiver.submit(self._batches[k].ref)
+
+    def _stop_receiver(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
 
     def _receive(self, k: int) -> Any:
         ray = self._ray
@@ -151,7 +220,8 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
             if batch.ref is None and not self._wait_for_a_worker(k):
                 return None
             try:
-                data, (node, _pid, make_s, cpu_s) = ray.get(batch.ref)
+                got = ray.get(batch.ref) if self._receiver is None else self._receiver.result(batch.ref)
+                data, (node, _pid, make_s, cpu_s, ended) = got
                 break
             except ray.exceptions.RayTaskError as error:  # the user's code raised: raise it here
                 raise error.as_instanceof_cause() from None
@@ -162,6 +232,8 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
             except (ray.exceptions.RaySystemError, ConnectionError) as error:
                 self._fall_back(f"{type(error).__name__}: {error}")
                 return None
+        if ended:
+            return _ENDED
         s = self._stats
         s.batches += 1
         s.by_node[node] = s.by_node.get(node, 0) + 1
@@ -174,6 +246,10 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     def _worker_lost(self, k: int, batch: _Batch, error: BaseException) -> None:
         """Batch ``k``'s worker died: replace it, and send its batches again to the workers left."""
+        if self._streams is not None:
+            raise OffloadError(f"a Ray worker died making batch {k} of an IterableDataset ({type(error).__name__}): "
+                               "the part of the stream it held cannot be made by another worker (torch stops too when "
+                               "a DataLoader worker dies)")
         batch.failed_on.add(batch.slot.node_id if batch.slot is not None else None)
         if len(batch.failed_on) >= th.OFFLOAD_MAX_ATTEMPTS:
             raise OffloadError(f"batch {k} of the epoch (indices {_short(batch.indices)}) was sent to Ray workers "
@@ -205,9 +281,13 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
 
     # -- falling back to local workers ---------------------------------------------------------
     def _fall_back(self, why: str) -> None:
+        if self._streams is not None:
+            raise OffloadError(f"lost the Ray cluster ({why}) in the middle of an IterableDataset's epoch: its "
+                               "workers' streams cannot be continued by local workers")
         remaining = [self._batches[j].indices for j in sorted(self._batches)]
         self._batches = {}
         self._stats.fell_back = why
+        self._stop_receiver()  # the local iterator pins in torch's own thread
         self._warn(f"lost the Ray cluster ({why}): the training goes on with local DataLoader workers "
                    f"(num_workers={self._loader.num_workers}), from the first batch not yet delivered")
         self._pool = None
@@ -220,8 +300,35 @@ class RayBatches(torch_dataloader._BaseDataLoaderIter):
         self._local = _local_iterator(loader, None)
 
     def __del__(self) -> None:
+        if getattr(self, "_receiver", None) is not None:
+            self._receiver.close()
         if getattr(self, "_local", None) is not None:
             _shut_down(self._local)
+
+
+def _pin(device: str, data: Any) -> Any:
+    return torch_pin.pin_memory(data, device)  # looked up at each call: tests record it (no GPU here)
+
+
+def _device_index() -> int | None:
+    """The loop's accelerator, for the pin thread (torch's own does the same)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return accelerator.current_device_index() if accelerator.is_available() else None
+    return torch.cuda.current_device() if torch.cuda.is_available() else None
+
+
+def _pin_thread_setup(device_index: int | None) -> Callable[[], None]:
+    def setup() -> None:
+        torch.set_num_threads(1)  # as torch's pin thread: the copy must not take every core
+        if device_index is None:
+            return
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None:
+            accelerator.set_device_index(device_index)
+        else:
+            torch.cuda.set_device(device_index)
+    return setup
 
 
 def _rest(next_index: Callable[[], Any]) -> Iterable:

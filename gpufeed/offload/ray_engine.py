@@ -77,6 +77,18 @@ def cluster_cpus(ray: Any) -> int:
     return int(ray.cluster_resources().get("CPU", 0))
 
 
+_BATCH_MAKER: Any = None
+
+
+def _batch_maker(ray: Any) -> Any:
+    """The one ``BatchMaker`` actor class of this process: Ray exports an actor class to the cluster
+    (a write to its GCS) once per job, not once per pool started."""
+    global _BATCH_MAKER
+    if _BATCH_MAKER is None:
+        _BATCH_MAKER = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(remote.BatchMaker)
+    return _BATCH_MAKER
+
+
 @dataclass
 class Slot:
     """One worker of the pool: its actor, and whether it is ready, in use or lost."""
@@ -104,7 +116,7 @@ class Pool:
         # Shipped by value: the nodes need torch and Ray, not gpufeed.
         ray.cloudpickle.register_pickle_by_value(remote)
         pool = cls(ray, size)
-        pool._actor_class = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(remote.BatchMaker)
+        pool._actor_class = _batch_maker(ray)
         pool.slots = [pool._new_slot(i) for i in range(size)]
         ready, _ = ray.wait([s.ready_ref for s in pool.slots], num_returns=size, timeout=timeout_s)
         pool.note_ready(ready)

@@ -30,6 +30,7 @@ class BatchMaker:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.pid = os.getpid()
         self._fetchers: dict[int, Any] = {}
+        self._jobs: dict[int, tuple] = {}  # what each fetcher was made from: an IterableDataset's resumes
         self._errors: dict[int, BaseException] = {}
 
     def ready(self) -> tuple[str, int]:
@@ -45,6 +46,7 @@ class BatchMaker:
         dataset, kind, auto_collation, collate_fn, drop_last, init_fn = job
         for old in sorted(self._fetchers)[:-KEPT_ITERATORS + 1]:
             self._fetchers.pop(old, None)
+            self._jobs.pop(old, None)
             self._errors.pop(old, None)
         seed = base_seed + worker_id
         random.seed(seed)
@@ -59,17 +61,32 @@ class BatchMaker:
         try:
             if init_fn is not None:
                 init_fn(worker_id)
-            self._fetchers[token] = _DatasetKind.create_fetcher(kind, dataset, auto_collation, collate_fn,
-                                                                drop_last)
+            self._jobs[token] = (kind, dataset, auto_collation, collate_fn, drop_last)
+            self._fetchers[token] = _DatasetKind.create_fetcher(*self._jobs[token])
         except BaseException as error:  # said with the first batch, as torch's worker does
             self._errors[token] = error
 
+    def resume(self, token: int) -> None:
+        """Another epoch of persistent workers over an IterableDataset: iterate the worker's copy of it
+        again, from the start (torch's worker on ``_ResumeIteration``)."""
+        from torch.utils.data import _DatasetKind
+        if token in self._jobs:
+            self._fetchers[token] = _DatasetKind.create_fetcher(*self._jobs[token])
+
     def fetch(self, token: int, indices: Any) -> tuple[Any, tuple]:
-        """One batch, and where and how it was made: (node, pid, seconds, CPU seconds)."""
+        """One batch, and where and how it was made: (node, pid, seconds, CPU seconds, ended). ``ended``:
+        this worker's copy of an IterableDataset has no batch left (the batch is None), as torch's
+        worker answers with ``_IterableDatasetStopIteration``."""
         error = self._errors.get(token)
         if error is not None:
             raise error
         fetcher = self._fetchers[token]
         t0, cpu0 = time.perf_counter(), time.process_time()
-        batch = fetcher.fetch(indices)
-        return batch, (self.node_id, self.pid, time.perf_counter() - t0, time.process_time() - cpu0)
+        try:
+            batch, ended = fetcher.fetch(indices), False
+        except StopIteration:
+            from torch.utils.data import _DatasetKind
+            if self._jobs[token][0] != _DatasetKind.Iterable:
+                raise  # from the user's code: an error, as in torch's worker
+            batch, ended = None, True
+        return batch, (self.node_id, self.pid, time.perf_counter() - t0, time.process_time() - cpu0, ended)

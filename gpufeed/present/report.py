@@ -29,6 +29,7 @@ from markupsafe import Markup
 from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
+from gpufeed.analysis.offloaded import events_of, rates
 from gpufeed.present.autotune_view import said, settings_timeline
 from gpufeed.present.report_trials import BATCH_SIZE, TUNE, result_file, trials_section
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
@@ -186,7 +187,8 @@ def _record_view(record: RunRecord, run_dir: str, title: str) -> RunView:
     diagnosis = analyze_record(record)
     console = Console(record=True, width=110, file=io.StringIO(), color_system=None)
     console.print(numbers_table(diagnosis))
-    charts = {"timeline": _timeline(record, diagnosis), "histogram": _histogram(record, diagnosis)}
+    charts = {"timeline": _timeline(record, diagnosis), "histogram": _histogram(record, diagnosis),
+              "offload": _offload(record, diagnosis)}
     stalled = diagnosis.finding("loader_stalled")
     return RunView(title=title, run_dir=run_dir, diagnosis=diagnosis,
                    measured=console.export_text().rstrip(), charts=charts, notes=diagnosis.warnings,
@@ -203,12 +205,18 @@ def _stride(n: int) -> int:
     return max(1, math.ceil(n / MAX_POINTS))
 
 
+def _t0(record: RunRecord, steps: Any) -> float:
+    """The timeline's zero: the first sample, step or iterator of the run."""
+    s = record.samples
+    starts = [v for v in (s.t[0] if len(s) else math.nan, steps[0, 0] if len(steps) else math.nan,
+                          *(it.t_created for it in record.iterators)) if math.isfinite(v)]
+    return min(starts, default=0.0)
+
+
 def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     s = record.samples
     steps = training_steps(record, d)
-    starts = [v for v in (s.t[0] if len(s) else math.nan, steps[0, 0] if len(steps) else math.nan,
-                          *(it.t_created for it in record.iterators)) if math.isfinite(v)]
-    t0 = min(starts, default=0.0)
+    t0 = _t0(record, steps)
     out: dict[str, Any] = {"notes": []}
 
     k = _stride(len(s))
@@ -296,3 +304,18 @@ def _histogram(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
         wait_part = np.where(step_s > 0, counts * wait_s / step_s, 0.0)
     return {"ms": _values((edges[:-1] + edges[1:]) / 2 * 1000, 2), "steps": counts.tolist(),
             "wait": _values(wait_part, 2), "n": int(len(steps))}
+
+
+def _offload(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
+    """The training loader's batches made on Ray (--offload): batches per node (the last `offload`
+    event's), and, between successive events (every 64 batches), the median latency of the batches
+    since the one before and the batches made per second."""
+    o = d.metrics.offload
+    if o is None or d.training is None:
+        return None
+    events = events_of(record, d.training.pid)
+    t0 = _t0(record, training_steps(record, d))
+    return {"nodes": list(o.by_node), "batches": list(o.by_node.values()),
+            "t": [round(e["t"] - t0, 3) for e in events],
+            "latency_ms": [e.get("recent_latency_ms_p50", e.get("latency_ms_p50")) for e in events],
+            "batches_per_s": [None if v is None else round(v, 2) for v in rates(events)]}

@@ -10,6 +10,7 @@ from rich.text import Text
 
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics
+from gpufeed.analysis.offloaded import Offload
 from gpufeed.present.whatif_view import what_if_block
 from gpufeed.units import NA, fmt, human_bytes
 
@@ -54,7 +55,9 @@ def numbers_table(d: Diagnosis) -> Table:
     table.add_row("GPU", gpu)
     table.add_row("CPU", f"{fmt(m.cpu_util_pct, '.0f', '%')} of {cpus_sentence(m)} · iowait {fmt(m.iowait_pct, '.0f', '%')} · "
                          f"RAM {human_bytes(m.mem_used_max_b)} of {human_bytes(m.mem_total_b)}")
-    if m.num_workers is not None:
+    if m.offload is not None:  # the batches were made on Ray: no local worker to describe
+        table.add_row("Offload", offload_sentence(m.offload))
+    elif m.num_workers is not None:
         if m.num_workers:
             workers = (f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''} · asleep {fmt(m.worker_asleep_share, '.0%')} of their fetch time · "
                        f"{fmt(m.fetch_ms_per_batch_p50, '.0f', ' ms')} per batch · "
@@ -76,6 +79,18 @@ def autotuned_sentence(m: Metrics) -> str:
     if not a["switches"]:
         return f"autotuned: kept {a['from']} (no switch) · "
     return f"autotuned from {a['from']} to {a['to']} ({a['switches']} switch{'es' if a['switches'] > 1 else ''}) · "
+
+
+def offload_sentence(o: Offload) -> str:
+    """The diagnosis's line for an offloaded training loader: who made its batches, how fast they came."""
+    per_node = " + ".join(str(n) for n in o.by_node.values()) or NA
+    text = (f"{fmt(o.batches, 'd')} batches made by {o.described()} (per node: {per_node}) · latency p50 "
+            f"{fmt(o.latency_ms_p50, '.1f', ' ms')} from send to delivery · {fmt(o.make_ms_p50, '.1f', ' ms')} "
+            f"({fmt(o.make_cpu_ms_p50, '.1f', ' ms')} CPU) a batch in its worker · {fmt(o.resent, 'd')} sent again, "
+            f"{fmt(o.workers_lost, 'd')} workers lost")
+    if o.fell_back:
+        text += f" · fell back to local workers: {o.fell_back}"
+    return text
 
 
 def gpus_named(m: Metrics) -> str:

@@ -35,6 +35,7 @@ from rich.text import Text
 
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.findings import Finding
+from gpufeed.analysis.offloaded import Offload, batches_per_s, events_of
 from gpufeed.measure.outside.host import HostReader
 from gpufeed.present.autotune_view import settings_timeline
 from gpufeed.present.steps import recent, training_steps
@@ -77,6 +78,9 @@ class RunState:
     workers: list[tuple[int, str, float | None]] = field(default_factory=list)  # pid, status, cpu %
     findings: list[Finding] = field(default_factory=list)
     error: str | None = None
+    offload: Offload | None = None                  # --offload: the training loader's batches made on Ray
+    offload_batches_per_s: float | None = None      # between the run's last two `offload` events
+    offload_latency_ms: float | None = None         # p50 over the batches before the last event
     autotune: str | None = None   # --autotune: the settings in force and the last decision, one line
 
 
@@ -121,7 +125,24 @@ def read_run(run_dir: Path) -> RunState:
     workers = set(latest[-1]) if latest else set()
     last = record.samples.procs[-1] if len(record.samples) else []
     state.workers = [(row[0], row[4], row[2]) for row in last if row[0] in workers]
+    state.offload = d.metrics.offload
+    if state.offload is not None and d.training is not None:
+        events = events_of(record, d.training.pid)
+        state.offload_batches_per_s = batches_per_s(events)
+        last_event = events[-1] if events else {}
+        state.offload_latency_ms = last_event.get("recent_latency_ms_p50", last_event.get("latency_ms_p50"))
     return state
+
+
+def offload_line(run: RunState) -> Text:
+    """The Ray side of an offloaded run, in one line: workers, batches/s, latency, faults."""
+    o = run.offload
+    return Text.assemble(("     Ray ", "bold"), f"{fmt(o.workers, 'd')} workers on {fmt(o.nodes, 'd')} nodes · ",
+                         ("batches/s ", "bold"), fmt(run.offload_batches_per_s, ",.1f"),
+                         ("   latency p50 ", "bold"), fmt(run.offload_latency_ms, ".1f", " ms"),
+                         ("   resent/lost ", "bold"), f"{fmt(o.resent, 'd')}/{fmt(o.workers_lost, 'd')}",
+                         (f"   fell back to local workers: {o.fell_back}", "yellow") if o.fell_back else "",
+                         overflow="ellipsis", no_wrap=True)
 
 
 class Dashboard:
@@ -233,6 +254,8 @@ class Dashboard:
             Text.assemble(("     samples/s ", "bold"), fmt(run.samples_per_s, ",.0f"),
                           ("   data wait ", "bold"), fmt(run.data_wait_share, ".0%"), f"  (last {RECENT_S:g} s)"),
         ]
+        if run.offload is not None:
+            lines.append(offload_line(run))
         if run.autotune:
             lines.append(Text.assemble(("     autotune ", "bold"), run.autotune, overflow="ellipsis", no_wrap=True))
         if run.workers:

@@ -121,6 +121,8 @@ class RunRecord:
     # profiler windows the waits were read from.
     tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
     tf_profiles: list[dict[str, Any]] = field(default_factory=list)
+    # `offload` events (--offload: the training loader's batches made on Ray), in time order
+    offloads: list[dict[str, Any]] = field(default_factory=list)
     # `autotune` events in time order: every decision of --autotune (docs/autotune.md)
     autotune: list[dict[str, Any]] = field(default_factory=list)
 
@@ -232,7 +234,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
-    tf_pipelines, tf_profiles, autotune = [], [], []
+    tf_pipelines, tf_profiles, offloads, autotune = [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -279,6 +281,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 tf_profiles.append(ev)
                 if ev.get("error"):
                     warnings.append(f"TensorFlow's profiler gave no input waits in pid {pid}: {ev['error']}")
+            elif kind == "offload":
+                offloads.append(ev)
             elif kind == "samples_unknown":
                 unknown.setdefault(key, ev.get("reason"))
             elif kind == "warning":
@@ -323,7 +327,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         samples=samples,
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
-        tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, autotune=autotune,
+        tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
+        autotune=autotune,
     )
 
 

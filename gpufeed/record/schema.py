@@ -50,6 +50,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               every 0.25 s while its profiler runs (progress displays; the steps come from the trace)
 ``samples_unknown``  pid, iter_id, reason: why some batches' samples could not be counted
 ``warning``   pid, t, message: a problem of gpufeed's own (a loader it stopped measuring)
+``offload``   pid, t, batches, by_node, resent, workers_lost, fell_back, latency_ms_p50,
+              recent_latency_ms_p50, make_ms_p50, make_cpu_ms_p50, workers: the totals so far of the
+              training loader's batches made on Ray (``--offload``), every 64 batches and at the end
 
 Sample lines (``samples.jsonl``)::
 
@@ -119,6 +122,9 @@ class LoaderConfig:
     user_function: str | None = None   # the function of the first of them (train_dataloader, main...)
     framework: str | None = None       # transformers, lightning, keras, timm, accelerate: built the loader
     origin_site: str | None = None     # the user's own DataLoader(...) call this loader was rebuilt from
+    # Its batches were made on Ray (--offload), not by num_workers local workers: backend, workers,
+    # nodes, address (null: a local Ray started for the run). Absent (None) when not offloaded.
+    offload: dict[str, Any] | None = None
 
     @property
     def user_site(self) -> str | None:

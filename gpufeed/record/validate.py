@@ -106,6 +106,11 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "override": ({"pid": int}, {"site": str | None, "settings": dict | None, "refused": dict | None}),
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),
     "memory": ({"pid": int}, {"t": float | None}),
+    "offload": ({"pid": int, "t": float}, {"batches": int, "by_node": dict[str, int], "resent": int | None,
+                                          "workers_lost": int | None, "fell_back": str | None,
+                                          "latency_ms_p50": float | None, "recent_latency_ms_p50": float | None,
+                                          "make_ms_p50": float | None, "make_cpu_ms_p50": float | None,
+                                          "workers": int | None}),
     "autotune": ({"pid": int, "action": str, "t": float},
                  {"where": str, "label": str, "old": dict, "new": dict, "settings": dict, "period": dict}),
 }

@@ -43,6 +43,12 @@ def input_bound(m: Metrics) -> bool | None:
     return None if share is None else share >= th.DATA_WAIT_SHARE_FLAG
 
 
+def offloaded(m: Metrics) -> bool:
+    """The training loader's batches were made on Ray (--offload): no local worker made them, so the
+    rules about local workers (their count, CPU, sleep, restarts) have nothing to judge."""
+    return m.offload is not None
+
+
 def host_saturated(m: Metrics) -> bool:
     if m.cpu_util_pct is None:
         return False

@@ -66,7 +66,7 @@ def no_dataloader(ctx: Context) -> Finding | None:
 # loss that reaches the bar, a general finding states the measured facts and how to find the fix.
 EXPLAINED_BY = {
     INPUT: {"too_few_workers", "cpu_saturated", "storage_latency", "too_many_workers", "thread_oversubscription",
-            "worker_restart", "loader_stalled", "straggler_rank"},
+            "worker_restart", "loader_stalled", "straggler_rank", "offload_input_wait"},
     TRANSFER: {"pageable_transfer"},
     HOST: {"host_bound"},
 }

@@ -6,16 +6,17 @@ from __future__ import annotations
 from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
-from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, input_share, worker_cap,
-                                          workers_asleep, workers_multithreaded, workers_runnable)
+from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, input_share, offloaded,
+                                          worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, tune_hint, wait_evidence,
                                             wait_sentence)
+from gpufeed.offload.sizing import cores_needed
 from gpufeed.units import fmt
 
 
 def too_few_workers(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if not input_bound(m) or m.num_workers is None or host_saturated(m) or workers_asleep(m):
+    if not input_bound(m) or m.num_workers is None or host_saturated(m) or workers_asleep(m) or offloaded(m):
         return None
     suggested = min(max(m.workers_needed or 0, m.num_workers + 1), worker_cap(m))
     if suggested <= m.num_workers:
@@ -36,27 +37,31 @@ def too_few_workers(ctx: Context) -> Finding | None:
 
 def cpu_saturated(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if (not input_bound(m) or not host_saturated(m) or workers_asleep(m)
+    if (not input_bound(m) or not host_saturated(m) or workers_asleep(m) or offloaded(m)
             or (m.num_workers or 0) > m.cpu_count):
         return None
     cpu_ms = cpu_ms_per_sample(m)
     cost = f" ({fmt(cpu_ms, '.1f')} ms of CPU per sample)" if cpu_ms else ""
+    # How many cores the step needs, and the --offload command that gives them (docs/offload.md).
+    need = cores_needed(m, ctx.what_if, ctx.record.meta.command)
     return Finding(
         id="cpu_saturated", severity=severity_for(input_share(m)), cost_share=input_share(m),
         message=(f"{wait_sentence(m)} and all {cores(m.cpu_count)} were {fmt(m.cpu_util_pct, '.0f')}% busy: "
                  f"the CPU cannot prepare batches faster, so more workers cannot help.{others_sentence(m)}"),
         recommendation=(f"Make each sample cheaper to prepare{cost}: decode smaller images, cache decoded "
-                        "samples, move augmentation to the GPU; or run on more CPU cores."),
+                        "samples, move augmentation to the GPU; or run on more CPU cores."
+                        + (f" {need.sentence()}" if need else "")),
         evidence={**wait_evidence(m), "cpu_util_pct": m.cpu_util_pct, "cpu_count": m.cpu_count,
                   "cpu_cores_command": m.cpu_cores_command, "num_workers": m.num_workers,
-                  "loader_cpu_ms_per_sample": cpu_ms},
+                  "loader_cpu_ms_per_sample": cpu_ms,
+                  **({"cores_needed": need.cores, "cores_needed_from": need.source} if need else {})},
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG, "cpu_util_pct": th.CPU_SATURATED_PCT},
     )
 
 
 def storage_latency(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if not input_bound(m) or not workers_asleep(m) or m.num_workers is None:
+    if not input_bound(m) or not workers_asleep(m) or m.num_workers is None or offloaded(m):
         return None
     needed = max(m.workers_needed or 0, 2 * max(m.num_workers, 1))
     # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
@@ -82,7 +87,7 @@ def storage_latency(ctx: Context) -> Finding | None:
 
 def too_many_workers(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if (m.num_workers is None or m.num_workers <= m.cpu_count or not host_saturated(m)
+    if (m.num_workers is None or m.num_workers <= m.cpu_count or not host_saturated(m) or offloaded(m)
             or m.worker_fetch_cpu_ratio is None or m.worker_fetch_cpu_ratio >= th.WORKER_CONTENDED_CPU_RATIO
             or (m.worker_running_share is not None and not workers_runnable(m))):
         return None
@@ -106,7 +111,7 @@ def too_many_workers(ctx: Context) -> Finding | None:
 
 def thread_oversubscription(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if not m.num_workers or m.worker_fetch_cpu_ratio is None:
+    if not m.num_workers or m.worker_fetch_cpu_ratio is None or offloaded(m):
         return None
     torch_threads = m.worker_torch_threads or 1
     threads_wanted = m.num_workers * max(torch_threads, m.worker_fetch_cpu_ratio)
@@ -134,7 +139,7 @@ def worker_restart(ctx: Context) -> Finding | None:
     """Workers started again every epoch: by the loader itself (``persistent_workers=False``), or
     because the script builds the loader anew each epoch, where ``persistent_workers`` cannot help."""
     m, t = ctx.metrics, ctx.training
-    if (t is None or not m.num_workers or m.iterators < 2
+    if (t is None or not m.num_workers or m.iterators < 2 or offloaded(m)
             or m.worker_startup_share is None or m.worker_startup_share < th.WORKER_STARTUP_SHARE_FLAG):
         return None
     workers = f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''}"

@@ -132,6 +132,9 @@ def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float
         in_use = probe.cuda_in_use()  # looked at for every new iterator (and every CUDA_CHECK_EVERY steps)
         state.detailed = state.detailed or in_use
         config = loader_config(loader)
+        offload = getattr(iterator, "_gpufeed_offload", None)  # its batches made on Ray (gpufeed/offload/hook.py)
+        if offload is not None:
+            config["offload"] = offload
     except Exception as error:  # an exotic loader is left unmeasured, never broken
         probe.warn(f"DataLoader {loader_id} is not measured: {describe_error(error)}")
         return
