@@ -287,6 +287,11 @@ AUTOTUNE_RAM_BUDGET_SHARE = 0.5
 # and each worker's copy-on-read growth can reach the size of the dataset's Python objects
 # (pytorch/pytorch#13246), which no estimate made at a worker's start sees.
 AUTOTUNE_MIN_AVAILABLE_SHARE = 0.10
+# A worker killed just after it queued a batch can surface as a ConnectionResetError (the batch's
+# shared memory is fetched from the dead process) before the kernel has reaped it: the autotuner
+# waits this long for the death to show before it calls the error the user's own. A SIGKILLed
+# process is reaped within milliseconds; a second covers a loaded machine.
+AUTOTUNE_WORKER_REAP_GRACE_S = 1.0
 
 # -- Offloading the training DataLoader to Ray (gpufeed/offload/, docs/offload.md) -----------------
 # Batches in flight per Ray worker when the loader sets no prefetch_factor: torch's own default (2).

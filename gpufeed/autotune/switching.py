@@ -39,6 +39,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Protocol
 
+from gpufeed import thresholds as th
 from gpufeed.measure.inside.overrides import LoaderSettings, apply
 
 # Spreads derived worker seeds apart (the 64-bit golden-ratio constant); any odd constant would do.
@@ -80,12 +81,28 @@ def normalized(settings: LoaderSettings, base: LoaderSettings) -> LoaderSettings
     return replace(filled, prefetch_factor=filled.prefetch_factor or 2, persistent_workers=bool(filled.persistent_workers))
 
 
-def worker_died(error: BaseException) -> bool:
+def worker_died(error: BaseException, iterator: Any = None) -> bool:
     """torch's words when a worker process ends without a result: "DataLoader worker (pid N) is
     killed by signal: Killed." (out of memory), "... exited unexpectedly with exit code 1". An
     exception raised by the dataset's own code comes back as that exception ("Caught ValueError in
-    DataLoader worker process 0"), which is the user's to see."""
-    return isinstance(error, RuntimeError) and "DataLoader worker (pid" in str(error)
+    DataLoader worker process 0"), which is the user's to see.
+
+    A worker killed just after it queued a batch can surface as the queue's own error instead
+    (ConnectionResetError while fetching the batch's shared memory from the dead process): torch
+    checks its workers before the kernel has reaped the dead one and re-raises that error as is.
+    So a connection error counts as a death when one of ``iterator``'s workers is gone by now."""
+    if isinstance(error, RuntimeError):
+        return "DataLoader worker (pid" in str(error)
+    if not isinstance(error, (ConnectionError, EOFError)) or iterator is None:
+        return False
+    workers = getattr(iterator, "_workers", None) or []   # torch's worker processes (private)
+    deadline = time.monotonic() + th.AUTOTUNE_WORKER_REAP_GRACE_S
+    while True:
+        if any(not w.is_alive() for w in workers):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 class _Order:
@@ -300,8 +317,8 @@ class _Epoch:
                     continue
                 self.close()
                 raise
-            except RuntimeError as error:
-                if not self._recover(error):
+            except (RuntimeError, ConnectionError, EOFError) as error:
+                if not self._recover(error, iterator):
                     raise
                 continue
             break
@@ -330,10 +347,10 @@ class _Epoch:
         owner._switch_to(owner.pending, MID_EPOCH)
         self.current, self.feed = owner._start(self.order, None)
 
-    def _recover(self, error: RuntimeError) -> bool:
+    def _recover(self, error: Exception, iterator: Any) -> bool:
         """A worker died: its pool's undelivered batches go back to the order, for a backed-off pool."""
         owner = self.owner
-        if not worker_died(error) or self.feed is None or owner.settings == owner.user:
+        if owner.settings == owner.user or self.feed is None or not worker_died(error, iterator):
             return False
         crashed = owner.settings
         lost = list((self.draining[1].pulled if self.draining else ())) + list(self.feed.pulled)
