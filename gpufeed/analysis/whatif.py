@@ -260,7 +260,7 @@ def _quiet_spans(record: RunRecord, m: Metrics, steps: StepRows) -> np.ndarray:
     contended = (busy - own >= th.WHATIF_CONTENDED_OTHER_CORES) & (busy >= len(cores) - th.WHATIF_CONTENDED_IDLE_CORES)
     if not contended.any():
         return whole
-    quiet = np.array([[max(float(s.t[i - 1]), t0), float(s.t[i])] for i, c in zip(idx, contended) if not c])
+    quiet = _joined([(max(float(s.t[i - 1]), t0), float(s.t[i])) for i, c in zip(idx, contended) if not c])
     if not len(quiet):
         return whole
     quiet_s = float((quiet[:, 1] - quiet[:, 0]).sum())
@@ -269,10 +269,26 @@ def _quiet_spans(record: RunRecord, m: Metrics, steps: StepRows) -> np.ndarray:
     return quiet
 
 
+def _joined(intervals: list[tuple[float, float]]) -> np.ndarray:
+    """Consecutive sampler intervals (in time order) joined into stretches: a long run has thousands
+    of intervals but few stretches."""
+    out: list[list[float]] = []
+    for a, b in intervals:
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return np.array(out, dtype=float).reshape(-1, 2)
+
+
 def _within(t: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """Which of the times ``t`` fall inside one of the ``spans`` (rows of start, end)."""
+    """Which of the times ``t`` fall inside one of the ``spans`` (rows of start, end, in time order and
+    not overlapping)."""
     t = np.asarray(t, dtype=float)
-    return ((t[:, None] >= spans[None, :, 0]) & (t[:, None] < spans[None, :, 1])).any(axis=1)
+    i = np.searchsorted(spans[:, 0], t, side="right") - 1
+    inside = i >= 0
+    inside[inside] = t[inside] < spans[i[inside], 1]
+    return inside
 
 
 def _intervals_within(t: np.ndarray, spans: np.ndarray) -> list[int]:
