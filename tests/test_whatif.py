@@ -174,3 +174,20 @@ def test_cannot_predict_says_why(tmp_path, scenario, reason):
     assert w.cannot_predict is not None and reason in w.cannot_predict
     assert w.predictions == [] and w.best is None
     assert analyze(tmp_path / "run").to_dict()["what_if"] == {"cannot_predict": w.cannot_predict}
+
+
+def test_time_waited_before_each_reading_is_the_sum_over_steps():
+    """The prefix-sum form of the wait before a time, against the sum over every step it replaced."""
+    import numpy as np
+
+    from gpufeed.analysis.whatif import _wait_until
+    from gpufeed.record.rows import StepRows
+
+    rng = np.random.default_rng(0)
+    request = 44374.0 + np.cumsum(rng.uniform(0.001, 0.02, 500))
+    deliver = request + rng.uniform(0.0, 0.03, 500)          # some waits overlap the next request
+    steps = StepRows.of([(k, float(r), float(d), 8, None) for k, (r, d) in enumerate(zip(request, deliver))])
+    x = np.concatenate(([request[0] - 1.0], rng.uniform(request[0], deliver[-1], 200), [deliver[-1] + 1.0]))
+    brute = np.array([np.clip(np.minimum(deliver, t) - request, 0, None).sum() for t in x])
+    assert np.allclose(_wait_until(steps, x), brute, atol=1e-9)
+    assert _wait_until(steps, x)[0] == 0 and _wait_until(steps, x)[-1] == pytest.approx((deliver - request).sum())
