@@ -268,8 +268,10 @@ def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_run
     # The loader config says the batches were made on Ray, by the workers that started (2 CPUs here).
     (iterator,) = [e for e in events if e["kind"] == "iterator"]
     assert iterator["config"]["num_workers"] == 2 and iterator["worker_pids"] == []
+    session = iterator["config"]["offload"].pop("ray_session_dir")
     assert iterator["config"]["offload"] == {"backend": "ray", "workers": offload[-1]["workers"], "nodes": 1,
                                              "address": None}
+    assert list(Path(session, "logs").glob(f"python-core-driver-*_{iterator['pid']}.log"))  # Ray's log of it
     m = diagnosis["metrics"]
     assert m["offload"]["batches"] == 150 and m["offload"]["by_node"] == offload[-1]["by_node"]
     assert m["fetch_ms_per_batch_p50"] is None and m["worker_fetch_cpu_ratio"] is None  # no local worker

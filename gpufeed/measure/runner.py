@@ -23,6 +23,7 @@ from gpufeed import thresholds as th
 from gpufeed._version import __version__
 from gpufeed.measure.inside.probe_config import ProbeConfig
 from gpufeed.measure.outside.cpus import usable_cpus
+from gpufeed.measure.outside.ray_logs import ray_ending
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.processes import POLL_S, StopSignals, Watchdog, die_with_parent, signal_group, terminate_tree
 from gpufeed.record import schema
@@ -302,6 +303,13 @@ def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, t
                     "command was stopped; see where each thread was below.")
         return (f"The DataLoader delivered no batch for {waited:.0f} s (waiting for {which}), so the command was "
                 "stopped; see what each worker was doing below." if waited else "The DataLoader stalled.")
+    # Python's own error, where there is one, is the cause: Ray's words only when nothing was said.
+    ended_by_ray = None if any("Traceback (most recent call last)" in line for line in tail) else ray_ending(run_dir)
+    if ended_by_ray is not None:  # Ray ends its driver from C++: nothing was said on stderr
+        return (f"Ray ended the training process (pid {ended_by_ray.pid}), which it was making batches for "
+                f"(--offload ray): \"{ended_by_ray.words}\" (Ray's log of it: {ended_by_ray.log}). The Ray node the "
+                "process was attached to, or the cluster's head, was lost; Ray stops its drivers then, so gpufeed "
+                "could not go on with local workers (docs/offload.md).")
     # The last line that says something: launchers (torchrun) end their reports with a rule of "=".
     last = next((line.strip() for line in reversed(tail) if line.strip(" =-*_\t")), "")
     if exit_code is not None and exit_code < 0:

@@ -150,8 +150,10 @@ class _Offload:
     def flag(self, workers: int) -> dict[str, Any]:
         """What made the batches: the engine, its workers and nodes, and the cluster (None: a local Ray)."""
         usable = self.pool.usable()[:workers]
+        from gpufeed.offload import ray_engine
         return {"backend": self.settings.engine, "workers": len(usable),
-                "nodes": len({s.node_id for s in usable}), "address": self.settings.address}
+                "nodes": len({s.node_id for s in usable}), "address": self.settings.address,
+                "ray_session_dir": ray_engine.SESSION_DIR}
 
     def _lost(self) -> None:
         self.lost = True

@@ -33,22 +33,29 @@ def connect(settings: OffloadSettings) -> Any:
     ray = import_ray()
     if ray.is_initialized():  # the script uses Ray itself: share its connection
         return ray
+    global SESSION_DIR
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # nothing leaves the machine on our account
     options = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     try:
         if settings.address:
-            ray.init(address=settings.address, **options)
+            context = ray.init(address=settings.address, **options)
         else:
             # The local Ray's processes inherit this environment: not gpufeed's probe, which would
             # measure each Ray worker as if it were another training process.
             with _without_gpufeed_environment():
                 # "local": a new Ray, never one a `ray start` left on this machine (what ray.init()
                 # without an address would join).
-                ray.init(address="local", **options)
+                context = ray.init(address="local", **options)
     except Exception as error:  # ConnectionError, ValueError, RuntimeError: Ray's words, kept
         raise OffloadError(f"cannot reach {settings.where()} ({_first_line(error)}); check the address, or start "
                            "the cluster with `ray start --head`") from None
+    SESSION_DIR = (getattr(context, "address_info", None) or {}).get("session_dir")
     return ray
+
+
+# The Ray session this process joined (None: the script's own Ray): its logs/ holds Ray's log of this
+# process, the only place Ray says why when it ends the process (measure/outside/ray_logs.py).
+SESSION_DIR: str | None = None
 
 
 @contextmanager
