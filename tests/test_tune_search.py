@@ -339,6 +339,27 @@ def test_the_model_s_best_is_measured_first_and_saves_the_climb():
     assert len(modelled.runs) < len(plain.runs)
 
 
+def test_a_latency_bound_pick_at_the_top_of_the_ladder_is_not_walked_down():
+    """The storage bench's search (bench/results/tune_vs_grid.md): the model's pick at the worker cap, the
+    loop still waiting, the workers asleep. Fewer workers can only be slower there: no walk down, no
+    refinement below; and the model's pick comes before the fixes at your worker count."""
+    def asleep(s):
+        d = with_model(32, persistent=True, cpu_ratio=0.05, data_wait=0.6,
+                       startup=0.10 if not s.persistent_workers else 0.0)
+        d.metrics.worker_running_share = None
+        return d
+
+    workload = Workload(storage_bound, noise=0.0, diagnosis=asleep)
+    result = run_search(workload, start(2))
+    assert result.best.settings.num_workers == 32
+    assert workload.runs[2].num_workers == 32                  # right after your two runs
+    assert all((s.num_workers or 0) in (2, 32) for s in workload.runs), workload.runs
+    # Awake (CPU-bound) workers at the top: fewer may be as fast for less, so the walk down stays.
+    awake = Workload(cpu_bound, noise=0.0, diagnosis=lambda s: with_model(32, cpu_ratio=0.95, data_wait=0.6))
+    run_search(awake, start(2))
+    assert any(0 < (s.num_workers or 0) < 32 and s.num_workers != 2 for s in awake.runs[2:]), awake.runs
+
+
 def test_a_wrong_model_does_not_decide():
     # The model says 1 worker; measurement shows it slower than yours and climbs as without the model.
     wrong = Workload(storage_bound, diagnosis=lambda s: with_model(1))

@@ -119,8 +119,11 @@ class Search:
 
     def _steps(self, baseline: Trial) -> None:
         """The search proper, once the baseline has set the noise (a subclass searches another space)."""
-        start = self._fix_causes(baseline)
-        self._climb_workers(self._from_model(start) or start)
+        # The model's pick first: it already has the fixes the model knows (persistent workers), and a
+        # cause fixed at your worker count first is a run spent where the climb does not stay (storage
+        # bench: persistent workers at w2, then the model's w16).
+        picked = self._from_model(baseline)
+        self._climb_workers(picked if picked is not None else self._fix_causes(baseline))
         self._refine_workers()
         self._no_workers_when_cores_are_full()
         self._other_settings()
@@ -237,6 +240,10 @@ class Search:
         if waits or waits is None:
             start, moved = self._walk_up(start, [w for w in ladder if w > w0])
             if moved or not down:
+                return
+            if waits and _workers_asleep(start):
+                # Latency-bound at the top of the ladder: fewer workers sleep through fewer batches at a
+                # time, so they can only be slower (the what-if model's workers bound, w / (c + s)).
                 return
         why = "fewer workers: more did not help" if waits else "fewer workers: the loop did not wait for data"
         self._walk_down(start, [w for w in reversed(ladder) if w < (start.settings.num_workers or 0)], why)
@@ -404,6 +411,10 @@ class Search:
 def _waits_for_data(trial: Trial) -> bool | None:
     """The diagnosis's own fact (with CUDA: the GPU's own idle time); None when not measured."""
     return input_bound(trial.diagnosis.metrics) if trial.diagnosis is not None else None
+
+
+def _workers_asleep(trial: Trial) -> bool:
+    return trial.diagnosis is not None and workers_asleep(trial.diagnosis.metrics)
 
 
 def _same_but_workers(a: LoaderSettings, b: LoaderSettings) -> bool:
