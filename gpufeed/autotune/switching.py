@@ -90,19 +90,26 @@ def worker_died(error: BaseException, iterator: Any = None) -> bool:
     A worker killed just after it queued a batch can surface as the queue's own error instead
     (ConnectionResetError while fetching the batch's shared memory from the dead process): torch
     checks its workers before the kernel has reaped the dead one and re-raises that error as is.
-    So a connection error counts as a death when one of ``iterator``'s workers is gone by now."""
+    So a connection error counts as a death when one of ``iterator``'s workers is gone by now. torch's
+    SIGCHLD handler may say so first, raising its RuntimeError in whatever Python code runs when the
+    signal lands (CI: inside this wait): that is the same death, told by torch."""
     if isinstance(error, RuntimeError):
         return "DataLoader worker (pid" in str(error)
     if not isinstance(error, (ConnectionError, EOFError)) or iterator is None:
         return False
     workers = getattr(iterator, "_workers", None) or []   # torch's worker processes (private)
     deadline = time.monotonic() + th.AUTOTUNE_WORKER_REAP_GRACE_S
-    while True:
-        if any(not w.is_alive() for w in workers):
+    try:
+        while True:
+            if any(not w.is_alive() for w in workers):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+    except RuntimeError as told:
+        if worker_died(told):
             return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+        raise
 
 
 class _Order:
