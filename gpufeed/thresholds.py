@@ -216,6 +216,9 @@ WHATIF_MIN_STEPS = 20
 WHATIF_MIN_TIMED_BATCHES = 3
 # Sampler readings (10 Hz) of the training process inside the window: its CPU per step.
 WHATIF_MIN_SAMPLES = 3
+# Epoch periods of non-persistent workers (one iterator's creation to the next) the model needs to read
+# an epoch's start-up from them: one alone may be an epoch slowed by a passing program.
+WHATIF_MIN_EPOCH_PERIODS = 2
 # next() on a batch that is already made costs the receive (the queue, unpickling): the low end of
 # the measured waits (the 5th percentile: in an input-bound run most waits include production).
 WHATIF_RECEIVE_QUANTILE = 5

@@ -191,3 +191,50 @@ def test_time_waited_before_each_reading_is_the_sum_over_steps():
     brute = np.array([np.clip(np.minimum(deliver, t) - request, 0, None).sum() for t in x])
     assert np.allclose(_wait_until(steps, x), brute, atol=1e-9)
     assert _wait_until(steps, x)[0] == 0 and _wait_until(steps, x)[-1] == pytest.approx((deliver - request).sum())
+
+
+def _costs(**changed):
+    from gpufeed.analysis.whatif import Costs
+    base = dict(cpu_s=0.054, sleep_s=0.002, handoff_s=0.0007, compute_s=0.0036, receive_s=0.0, main_cpu_s=0.003,
+                startup_s=0.85, spawn_s=0.0126, stop_s=0.0059, batches_per_epoch=30.0, samples_per_batch=16.0,
+                cores=2.0, other_cores=0.0, workers=16, persistent=False, cuda=False)
+    return Costs(**{**base, **changed})
+
+
+def test_an_epochs_start_up_comes_from_its_period_where_the_run_has_several():
+    """16 workers on 2 cores wait 0.85 s for an epoch's first batch, most of the epoch's production:
+    read as start-up, the run's own setting came out 17% below its measured epochs. From the epoch's
+    period, the run's own setting is its epochs, and each worker more or fewer costs its fork and stop."""
+    from gpufeed.analysis.whatif import samples_per_s
+    period = 1.3  # above what the formula counts without any other start-up (1.19 s): not clamped at 0
+    c = _costs(epoch_period_s=period)
+    own, _ = samples_per_s(c, 16, persistent=False)
+    assert own == pytest.approx(30 * 16 / period, rel=1e-6)
+    from_wait, _ = samples_per_s(_costs(), 16, persistent=False)
+    assert from_wait < own  # the old reading (the first batch's wait as start-up) counted production twice
+    eight, _ = samples_per_s(c, 8, persistent=False)
+    rate_gain = 30 * 16 / eight - 30 * 16 / own  # seconds per epoch: fewer forks and stops, same cores
+    assert rate_gain == pytest.approx(-8 * (c.spawn_s + c.stop_s), abs=0.02)
+
+
+def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
+    """A worker that exits between two readings takes its last CPU with it: the host's busy cores then
+    exceed the job's, which is not another program. Only intervals whose processes are the same at
+    both ends count, where there are enough of them."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from gpufeed.analysis.whatif import _other_cores
+    t = np.arange(10) * 0.1
+    procs, busy = [], []
+    for i in range(10):
+        exiting = i in (3, 6)  # a worker gone at this reading: its last CPU was on the host, not in the tree
+        procs.append([[1, 0, 100.0, 1, "R", 0]] + ([] if exiting else [[2, 1, 80.0, 1, "R", 0]]))
+        busy.append([100.0, 80.0 + 5.0])  # the same either way: core 1 also ran another program's 5%
+    record = SimpleNamespace(samples=SimpleNamespace(t=t, cpu_pct=np.array(busy), procs=procs))
+    m = SimpleNamespace(cpu_cores=[0, 1], window_start_t=0.0, window_end_t=1.0, cpu_cores_busy=1.85,
+                        cpu_cores_command=1.66)
+    assert _other_cores(record, m) == pytest.approx(0.05)  # the 5% another program took on core 1
+    few = SimpleNamespace(samples=SimpleNamespace(t=t[:3], cpu_pct=np.array(busy[:3]), procs=[procs[0], procs[3], procs[0]]))
+    assert _other_cores(few, m) == pytest.approx(1.85 - 1.66)  # too few steady intervals: the run's metrics

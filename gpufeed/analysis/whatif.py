@@ -64,6 +64,10 @@ class Costs:
     workers: int
     persistent: bool
     cuda: bool
+    # Non-persistent workers: the median time from one epoch's iterator to the next, measured (None:
+    # fewer than two epochs, or persistent workers). It gives the start-up that is neither forking,
+    # stopping, nor making batches (below).
+    epoch_period_s: float | None = None
 
     def scaled(self, gpu_speedup: float) -> "Costs":
         """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
@@ -81,7 +85,8 @@ class Costs:
         k = 1.0 / cpu_speedup
         return replace(self, cpu_s=self.cpu_s * k, handoff_s=self.handoff_s * k, receive_s=self.receive_s * k,
                        main_cpu_s=self.main_cpu_s * k, spawn_s=self.spawn_s * k, stop_s=self.stop_s * k,
-                       compute_s=self.compute_s if self.cuda else self.compute_s * k)
+                       compute_s=self.compute_s if self.cuda else self.compute_s * k,
+                       epoch_period_s=None if self.epoch_period_s is None else self.epoch_period_s * k)
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ class WhatIf:
             "best": self.best.to_dict() if self.best else None,
             "predictions": [p.to_dict() for p in self.predictions],
             "noise": json_safe(self.noise),
-            "costs_ms": {k: json_safe(v * 1000.0) for k, v in asdict(self.costs).items()
+            "costs_ms": {k: json_safe(None if v is None else v * 1000.0) for k, v in asdict(self.costs).items()
                          if k.endswith("_s")} if self.costs else None,
         }
 
@@ -167,7 +172,6 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     if m.offload is not None:  # its num_workers made none of them: the model's workers are local processes
         raise CannotPredict(f"its batches were made by {m.offload.workers} Ray workers (--offload), not by local "
                             "DataLoader workers on this host, and the model covers local workers only")
-    t0, t1 = m.window_start_t, m.window_end_t
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = StepRows.concat(it.steps for it in its)
     steps = steps[np.argsort(steps.t_request, kind="stable")]
@@ -211,13 +215,12 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
     startups, spawns, stops, per_epoch = _startup(its, workers)
+    period = _epoch_period(its, m) if workers and not cfg.get("persistent_workers") else None
     handoff = th.WHATIF_HANDOFF_S
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
         measured = _handoff(record, set(training.worker_pids), rows, spans)
         handoff = measured if measured is not None else handoff
-    others = 0.0
-    if m.cpu_cores_busy is not None and m.cpu_cores_command is not None:
-        others = min(max(m.cpu_cores_busy - m.cpu_cores_command, 0.0), m.cpu_count * th.WHATIF_MAX_OTHER_SHARE)
+    others = min(_other_cores(record, m), m.cpu_count * th.WHATIF_MAX_OTHER_SHARE)
 
     # Without workers the training process's CPU includes the batches it made.
     main = main_cpu if workers else max(main_cpu - float(cpu.mean()), 0.0)
@@ -227,7 +230,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, stop_s=stops,
                      batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
-                     persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used)
+                     persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period)
     return _Spread(p25=costs(25), p50=costs(None), p75=costs(75))
 
 
@@ -251,8 +254,7 @@ def _quiet_spans(record: RunRecord, m: Metrics, steps: StepRows) -> np.ndarray:
     t0, t1 = m.window_start_t, m.window_end_t
     whole = np.array([[t0, t1]])
     s = record.samples
-    cores = [c for c in (m.cpu_cores or range(s.cpu_pct.shape[1])) if c < s.cpu_pct.shape[1]]
-    idx = [i for i in np.flatnonzero((s.t > t0) & (s.t <= t1)) if i > 0 and s.procs[i]]
+    cores, idx = _window_readings(record, m)
     if not idx or not cores:
         return whole
     busy = np.array([np.nansum(s.cpu_pct[i][cores]) / 100.0 for i in idx])
@@ -267,6 +269,34 @@ def _quiet_spans(record: RunRecord, m: Metrics, steps: StepRows) -> np.ndarray:
     if quiet_s < th.WHATIF_MIN_QUIET_SHARE * (t1 - t0) or _within(steps.t_request, quiet).sum() < th.WHATIF_MIN_STEPS:
         return whole
     return quiet
+
+
+def _window_readings(record: RunRecord, m: Metrics) -> tuple[list[int], list[int]]:
+    """The cores the job may use, and the sampler readings inside the window that saw its processes
+    (each covering the interval since the reading before)."""
+    s = record.samples
+    cores = [c for c in (m.cpu_cores or range(s.cpu_pct.shape[1])) if c < s.cpu_pct.shape[1]]
+    inside = (s.t > m.window_start_t) & (s.t <= m.window_end_t)
+    return cores, [i for i in np.flatnonzero(inside) if i > 0 and s.procs[i]]
+
+
+def _other_cores(record: RunRecord, m: Metrics) -> float:
+    """Cores other programs kept busy in the window: the busy cores less the job's own, read where the
+    job's processes were the same at both ends of a sampler interval. A process that exits between two
+    readings takes its last CPU with it, which would read as another program's: with 16 workers
+    started and stopped each epoch that was 0.22 cores of a 2-core machine, against 0.03 in the
+    intervals without such an exit (bench/what_if.py's far-too-many-workers record). Fewer such
+    intervals than ``WHATIF_MIN_SAMPLES``: every interval, as the run's metrics count them."""
+    s = record.samples
+    cores, idx = _window_readings(record, m)
+    stable = [i for i in idx if {r[0] for r in s.procs[i]} == {r[0] for r in s.procs[i - 1]}
+              and all(r[2] is not None for r in s.procs[i])]
+    if cores and len(stable) >= th.WHATIF_MIN_SAMPLES:
+        others = [np.nansum(s.cpu_pct[i][cores]) / 100.0 - sum(r[2] for r in s.procs[i]) / 100.0 for i in stable]
+        return max(float(np.mean(others)), 0.0)
+    if m.cpu_cores_busy is None or m.cpu_cores_command is None:
+        return 0.0
+    return max(m.cpu_cores_busy - m.cpu_cores_command, 0.0)
 
 
 def _joined(intervals: list[tuple[float, float]]) -> np.ndarray:
@@ -382,6 +412,14 @@ def _wait_until(steps: StepRows, x: np.ndarray) -> np.ndarray:
     return total
 
 
+def _epoch_period(its: list, m: Metrics) -> float | None:
+    """The median time from one iterator's creation to the next's (an epoch of non-persistent workers,
+    start-up and shutdown included), over the epochs that began in the window; None with too few."""
+    created = sorted(it.t_created for it in its if len(it.steps) and m.window_start_t <= it.t_created <= m.window_end_t)
+    periods = np.diff(created)
+    return float(np.median(periods)) if len(periods) >= th.WHATIF_MIN_EPOCH_PERIODS else None
+
+
 def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
     (forking), the shutdown per worker at an epoch's end, and the batches of an epoch. Where this run
@@ -435,10 +473,24 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
         # rest of the measured start-up) and make their first batches all at once, sharing the cores:
         # that part was production, not start-up, and is counted by the steady rate.
         latency = c.cpu_s + c.handoff_s + c.sleep_s
-        init = max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
+        init = _init_s(c, latency, per_epoch)
         epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
     return per_epoch * c.samples_per_batch / epoch_s, limit
+
+
+def _init_s(c: Costs, latency: float, per_epoch: float) -> float:
+    """A new iterator's start-up besides forking its workers and making batches (the user's
+    worker_init_fn, the dataset's copy, torch's own set-up). From the epochs of the run where they
+    were started again: their period less what the model counts for the run's own setting. Else from
+    the wait for each epoch's first batch, less forking and the first batches made at once; with many
+    workers that wait also holds the batches prefetched with the first (16 workers on 2 cores: 0.85 s
+    of waiting where the whole epoch took 1.16 s, bench/what_if.py's far-too-many-workers record)."""
+    if c.epoch_period_s is not None:  # measured for non-persistent workers only
+        rate, _ = batches_per_s(c, c.workers)
+        counted = (c.spawn_s + c.stop_s) * c.workers + latency + max(per_epoch - 1.0, 0.0) / rate
+        return max(c.epoch_period_s - counted, 0.0)
+    return max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
 
 
 def _first_batches_s(c: Costs, workers: int, cores: float) -> float:
