@@ -303,6 +303,17 @@ OFFLOAD_PREFETCH_FACTOR = 2
 # pulls a runtime environment takes longer): past it, offloading goes on with those that started,
 # or, none, is refused before training starts.
 OFFLOAD_START_TIMEOUT_S = 120.0
+# A Ray worker not started after this long while the cluster has a CPU free for it is started again:
+# its creation was lost. Seen here with Ray 2.60 on one node: an actor created right after others
+# were killed was never registered with the GCS (its sibling, created a millisecond later, was), and
+# the pool waited out OFFLOAD_START_TIMEOUT_S with a CPU free (the same kind of race as
+# ray-project/ray#17369). Longer than a worker's start on a loaded 2-core machine (importing torch:
+# 2-5 s), so a slow start is never taken for a lost one.
+OFFLOAD_STUCK_START_S = 15.0
+# How long closing the pool waits for its workers still starting to start (one killed while Ray places
+# it can keep its CPU: ray_engine.Pool.close), and then for the killed ones to be gone, so that a pool
+# started next (the next run on a shared cluster, a test) finds their CPUs free.
+OFFLOAD_CLOSE_WAIT_S = 5.0
 # A batch whose making killed Ray workers on this many nodes is the batch's fault, not the cluster's:
 # its error is raised, as torch raises when a DataLoader worker dies. (Per node: a node's other
 # workers die with it, and the batch may have been sent to one of them before that was known.)
@@ -316,3 +327,7 @@ OFFLOAD_MAX_REPLACEMENTS_PER_WORKER = 4
 OFFLOAD_LOST_AFTER_S = 30.0
 # The run record gets the offload totals so far every this many batches (and at the end).
 OFFLOAD_RECORD_EVERY = 64
+# How long the process holding the Ray connection gets to stop when told to (it kills its pool's
+# actors, and a local Ray started for the run stops with it: a few seconds on a loaded machine);
+# past it, it is killed (a local Ray's processes die with it: Ray ties their lives to their driver's).
+OFFLOAD_DRIVER_CLOSE_S = 15.0

@@ -12,11 +12,13 @@ import pickle
 import subprocess
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from gpufeed import cli
+from gpufeed import thresholds as th
 from gpufeed.offload import OffloadSettings, options, payload
 from gpufeed.offload.ray_engine import Pool, Slot
 from tests import needs
@@ -157,8 +159,8 @@ def test_the_users_own_modules_travel_by_value_to_nodes_without_them(tmp_path, m
 
 @pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
 def test_several_ranks_decline_with_one_sentence_before_training(monkeypatch, capsys, rank, said):
-    """Under torchrun each rank would start its own local Ray (or take every CPU of the cluster for its
-    own pool): the loader is not offloaded, and rank 0 says why, once, when the probe installs."""
+    """Under torchrun without --ray-address each rank would start its own local Ray: the loader is not
+    offloaded, and rank 0 says why, once, when the probe installs. With an address, each rank offloads."""
     from torch.utils.data import dataloader
 
     from gpufeed.offload import hook
@@ -169,13 +171,15 @@ def test_several_ranks_decline_with_one_sentence_before_training(monkeypatch, ca
     hook.install_from_env()
     assert dataloader.DataLoader._get_iterator is before and hook._state is None  # nothing armed
     err = capsys.readouterr().err
-    assert err.count("--offload is off: this job has 2 ranks") == (1 if said else 0)
-    monkeypatch.setenv("WORLD_SIZE", "1")  # one rank: offloaded as ever
-    try:
-        hook.install_from_env()
-        assert getattr(dataloader.DataLoader._get_iterator, hook.MARK, None) is before
-    finally:
-        hook.uninstall()
+    assert err.count("--offload is off: this job has 2 ranks and no --ray-address") == (1 if said else 0)
+    for name, value in (("WORLD_SIZE", "1"),  # one rank: offloaded as ever
+                        (*next(iter(OffloadSettings(address="127.0.0.1:6379").to_env().items())),)):  # a cluster
+        monkeypatch.setenv(name, value)
+        try:
+            hook.install_from_env()
+            assert getattr(dataloader.DataLoader._get_iterator, hook.MARK, None) is before
+        finally:
+            hook.uninstall()
 
 
 def test_the_actor_class_is_made_once_per_process(monkeypatch):
@@ -187,3 +191,97 @@ def test_the_actor_class_is_made_once_per_process(monkeypatch):
     monkeypatch.setattr(ray_engine, "_BATCH_MAKER", None)
     assert ray_engine._batch_maker(fake_ray) is ray_engine._batch_maker(fake_ray)
     assert [cls.__name__ for cls, _ in made] == ["BatchMaker"] and made[0][1]["num_cpus"] == 1
+
+
+class _FakeRay:
+    """Just enough of Ray for ``Pool``: actors whose start is decided by ``starts`` (the n-th actor asked
+    for starts, or its creation is lost), a ``kill`` that blocks forever on an actor that never started
+    (as Ray 2.60's waits for the registration that never comes), and a clock-free ``wait``."""
+
+    class exceptions:
+        RayError = Exception
+
+    def __init__(self, starts, free_cpus: int) -> None:
+        import threading
+        self.starts, self.free_cpus, self.asked, self.killed = list(starts), free_cpus, [], []
+        self._never = threading.Event()
+        self.cloudpickle = SimpleNamespace(register_pickle_by_value=lambda module: None)
+
+    def new_actor(self):
+        n = len(self.asked)
+        actor = SimpleNamespace(n=n, started=self.starts[n] if n < len(self.starts) else True)
+        actor.ready = SimpleNamespace(remote=lambda: ("ready", n))
+        self.asked.append(actor)
+        return actor
+
+    def wait(self, refs, num_returns, timeout):
+        ready = [r for r in refs if self.asked[r[1]].started]
+        if len(ready) < num_returns:
+            time.sleep(min(timeout, 0.02))
+        return ready, [r for r in refs if r not in ready]
+
+    def get(self, ref):
+        return f"node{ref[1] % 2}", 100 + ref[1]
+
+    def available_resources(self):
+        return {"CPU": self.free_cpus}
+
+    def kill(self, actor):
+        if not actor.started:
+            self._never.wait()  # never returns: the caller must not wait for it
+        self.killed.append(actor.n)
+
+
+def _fake_pool(monkeypatch, fake: _FakeRay, stuck_s: float = 0.05):
+    from gpufeed.offload import ray_engine
+    monkeypatch.setattr(th, "OFFLOAD_STUCK_START_S", stuck_s)
+    monkeypatch.setattr(ray_engine, "_batch_maker",
+                        lambda ray: SimpleNamespace(options=lambda **kw: SimpleNamespace(remote=fake.new_actor)))
+
+
+def test_a_worker_whose_start_was_lost_is_asked_for_again_when_a_cpu_is_free(monkeypatch):
+    fake = _FakeRay(starts=[False, True, True], free_cpus=1)
+    _fake_pool(monkeypatch, fake)
+    t0 = time.monotonic()
+    pool = Pool.start(fake, 2, timeout_s=5.0)
+    assert [s.ready for s in pool.slots] == [True, True] and len(fake.asked) == 3  # actor 0 asked for again
+    assert [s.worker_id for s in pool.slots] == [0, 1] and pool.slots[0].attempt == 1
+    assert time.monotonic() - t0 < 2.0  # the kill of the lost one, which never returns, did not hold the start
+
+
+def test_no_cpu_free_means_a_slow_start_not_a_lost_one(monkeypatch):
+    """The cluster busy: the worker waits for a CPU, it is not asked for again (that would lose its place)."""
+    fake = _FakeRay(starts=[True, False], free_cpus=0)
+    _fake_pool(monkeypatch, fake)
+    pool = Pool.start(fake, 2, timeout_s=0.5)
+    assert len(fake.asked) == 2 and [s.ready for s in pool.slots] == [True, False] and pool.slots[1].lost
+
+
+def test_the_wait_for_a_lost_start_doubles_at_each_new_attempt(monkeypatch):
+    from gpufeed.offload.ray_engine import Slot
+    monkeypatch.setattr(th, "OFFLOAD_STUCK_START_S", 10.0)
+    slot = Slot(0, actor=None, ready_ref=None, asked_t=100.0)
+    assert not slot.stuck(109.0) and slot.stuck(110.0)
+    slot.attempt = 2
+    assert not slot.stuck(139.0) and slot.stuck(140.0)
+
+
+def test_closing_gives_a_starting_worker_time_to_start_before_it_is_killed(monkeypatch):
+    """A worker killed while Ray places it kept its CPU: close waits for the start, then kills."""
+    fake = _FakeRay(starts=[True, True], free_cpus=0)
+    _fake_pool(monkeypatch, fake)
+    pool = Pool.start(fake, 2, timeout_s=1.0)
+    replacement = pool.replace(pool.slots[1])
+    replacement_actor = replacement.actor
+    replacement_actor.started = False
+    waited = []
+    real_wait = fake.wait
+
+    def wait(refs, num_returns, timeout):
+        if any(r[1] == replacement_actor.n for r in refs):
+            waited.append(timeout)
+            replacement_actor.started = True  # it starts while close waits for it
+        return real_wait(refs, num_returns, timeout)
+    fake.wait = wait
+    pool.close()
+    assert waited and replacement_actor.n in fake.killed and pool.slots == []

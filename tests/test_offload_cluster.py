@@ -110,6 +110,23 @@ def test_a_ray_worker_killed_mid_batch_is_survived(cluster, plain, tmp_path):
     assert sum(_made_on(done.stderr)) == len(plain)
 
 
+def test_each_rank_of_torchrun_offloads_its_own_batches_to_its_share_of_the_cluster(cluster, tmp_path):
+    """`gpufeed run --offload ray --ray-address ADDR --ray-workers 2 -- torchrun --nproc_per_node=2`:
+    each rank's driver joins the one cluster with half the workers (one each, so neither starves the
+    other), and sends only its DistributedSampler's batches."""
+    from tests.test_distributed import DDP, torchrun
+    command = [sys.executable, "-m", "gpufeed", "run", "--offload", "ray", "--ray-address", cluster.address,
+               "--ray-workers", "2", "--", *torchrun(), str(DDP), "--steps", "6", "--workers", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=local_cluster.ray_env(), cwd=tmp_path)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said[-3000:]
+    assert "rank 0/2: 6 steps" in said and "rank 1/2: 6 steps" in said
+    for rank in (0, 1):
+        assert f"rank {rank}: the training DataLoader's batches are made by 1 Ray workers" in done.stderr, said[-3000:]
+    assert sorted(sum(_made_on(line)) for line in done.stderr.splitlines() if "batches made on Ray" in line) == [6, 6]
+    assert "--offload is off" not in said
+
+
 def test_losing_every_worker_node_falls_back_to_local_workers(cluster, plain, tmp_path):
     """Last in this module: it leaves the cluster with its head only."""
     settings = OffloadSettings(address=cluster.address, workers=WORKERS, lost_after_s=3.0)

@@ -1,11 +1,13 @@
 """The Ray head lost mid-run, under ``gpufeed diagnose --offload ray``.
 
-The training process is a Ray driver, attached to a node of the cluster (here the head, which has
-no CPUs: the training host). When that node dies, Ray's core worker ends the process from C++ ("The
-connection to the plasma store is failed. Terminate the process.", exit code 1, nothing on stderr):
-no Python code runs, so no fall-back to local workers is possible (docs/offload.md). What gpufeed
-owes the user then: one sentence naming what happened and where Ray said it, the measurements so far
-on disk, and nothing left running. Heavy (a cluster of two nodes): run it under the lock.
+The Ray driver is attached to a node of the cluster (here the head, which has no CPUs: the training
+host). When that node dies, Ray's core worker ends the driver's process from C++ ("The connection to
+the plasma store is failed. Terminate the process.", exit code 1, nothing on stderr). The driver is
+a process of its own (offload/driver.py), not the training process: the training goes on with
+local workers, from the first batch not delivered, with a warning that quotes Ray's words, and
+nothing is left running. Where the training process itself is the driver (a script that started
+Ray), Ray ends it: its end message quotes Ray's log (the first test). Heavy (a cluster of two
+nodes): run it under the lock.
 """
 from __future__ import annotations
 
@@ -17,9 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
-from gpufeed import cli
 from gpufeed.measure.outside.ray_logs import ray_ending
 from gpufeed.offload import local_cluster
 from gpufeed.record import schema
@@ -67,8 +67,11 @@ def _steps_recorded(run_dir: Path) -> int:
     return count
 
 
-def test_the_head_lost_mid_run_is_said_in_one_sentence_and_the_steps_are_kept(tmp_path):
+def test_the_head_lost_mid_run_is_survived_with_local_workers_in_the_samplers_order(tmp_path):
     needs.library("ray")
+    plain = tmp_path / "plain.json"
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(plain), "--epochs", str(EPOCHS)], check=True,
+                   timeout=300, env=local_cluster.ray_env())
     port = local_cluster.free_port()
     address = f"127.0.0.1:{port}"
     nodes = []
@@ -82,22 +85,28 @@ def test_the_head_lost_mid_run_is_said_in_one_sentence_and_the_steps_are_kept(tm
         env = dict(local_cluster.ray_env(), OFFLOAD_TEST_SLOW_MS="20")
         command = [sys.executable, "-m", "gpufeed", "diagnose", "--offload", "ray", "--ray-address", address,
                    "--ray-workers", "2", "--out", str(run_dir), "--json", str(tmp_path / "diag.json"), "--",
-                   sys.executable, str(SCRIPT), "--out", str(tmp_path / "batches.json"), "--epochs", "200"]
+                   sys.executable, str(SCRIPT), "--out", str(tmp_path / "batches.json"), "--epochs", str(EPOCHS)]
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
         deadline = time.monotonic() + 120
         while _steps_recorded(run_dir) < 20 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)   # the probe writes its events every second or so
         assert proc.poll() is None and _steps_recorded(run_dir) >= 20, "the offloaded run did not get going"
-        os.killpg(nodes[0].pid, signal.SIGKILL)   # the head: its GCS, and the raylet the training process uses
-        stdout, stderr = proc.communicate(timeout=180)
+        os.killpg(nodes[0].pid, signal.SIGKILL)   # the head: its GCS, and the raylet the Ray driver uses
+        stdout, stderr = proc.communicate(timeout=300)
     finally:
         left = local_cluster.stop(nodes)
-    assert proc.returncode == cli.EXIT_COMMAND_FAILED, stdout + stderr
     said = stdout + stderr
-    assert "Ray ended the training process" in said and "Terminate the process" in said, said[-3000:]
+    assert proc.returncode == 0, said[-3000:]
+    # The script saw every batch of every epoch, in the sampler's order, exactly once.
+    seen = json.loads((tmp_path / "batches.json").read_text())
+    assert [b["indices"] for b in seen] == [b["indices"] for b in json.loads(plain.read_text())]
+    assert "lost the Ray cluster (Ray ended the process holding the connection to it" in said, said[-3000:]
+    assert "Terminate the process" in said and "goes on with local DataLoader workers" in said
     diag = json.loads((tmp_path / "diag.json").read_text())
-    assert diag["run"]["end_reason"] == schema.END_FAILED
-    assert diag["metrics"]["steps"] >= 10    # the steps measured before the head was lost are kept
+    assert diag["run"]["end_reason"] != schema.END_FAILED
+    assert diag["metrics"]["offload"]["fell_back"].startswith("Ray ended the process")
     assert not left, f"Ray processes left running: {left}"
     assert_nothing_left_running(str(SCRIPT))
-    assert not (tmp_path / "batches.json").exists()  # the script itself never got to its end
+
+
+EPOCHS = 10  # about a second each offloaded (96 samples of 20 ms on 2 workers): the head dies in the third

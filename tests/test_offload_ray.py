@@ -1,6 +1,6 @@
-"""Offloading on a real, local Ray (one node started in this process, 2 CPUs): the batches, their
-order, backpressure, a worker killed mid-batch, the user's errors, a dataset that cannot be sent,
-and the fall-back to local workers. Heavy (starts Ray): run it under the lock.
+"""Offloading on a real, local Ray (one node started in this process for each test, 2 CPUs): the
+batches, their order, backpressure, a worker killed mid-batch, the user's errors, a dataset that
+cannot be sent, and the fall-back to local workers. Heavy (starts Ray): run it under the lock.
 """
 from __future__ import annotations
 
@@ -20,23 +20,29 @@ from tests import needs
 WORKERS = 2
 
 
-@pytest.fixture(scope="module")
-def ray():
+@pytest.fixture
+def offloaded():
+    """``offloaded(**settings)``: a fresh local Ray started in this process (the test's: the script's
+    own Ray, shared by the offload on a thread), and offloading armed for the test; disarmed and
+    stopped after.
+
+    Started when asked, after the test's plain run: a DataLoader worker forked from a process that
+    is a Ray driver inherits Ray's threads' state, and one segfaulted here (Ray's own docs advise
+    forkserver or spawn for DataLoader workers in Ray processes). And one Ray per test: one shared by
+    the whole module went bad within a run, one time in a few (the driver stopped hearing about the
+    actors it created: its subscription to their state, a batched GCS command, was never answered),
+    and every later pool waited its 120 s with the actors alive on the node."""
     ray = needs.library("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
 
-
-@pytest.fixture
-def offloaded(ray):
-    """Offloading armed in this process (sharing the test's Ray) for the test, and disarmed after."""
     def arm(**settings):
+        ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, logging_level="ERROR")
         hook.install(OffloadSettings(workers=WORKERS, **settings))
         return hook._state
     yield arm
     hook.uninstall()
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 class Augmented(Dataset):
@@ -91,7 +97,7 @@ def test_in_flight_batches_are_bounded(offloaded, tmp_path):
     made_batches = len(os.listdir(tmp_path)) / 4
     limit = WORKERS * 2
     assert made_batches <= 1 + limit  # the one delivered, and prefetch_factor per worker in flight
-    assert len(iterator._batches) <= limit
+    assert len(iterator._pending) <= limit and state.driver.feeder.in_flight <= limit
     assert state.stats.batches == 1
 
 
@@ -131,8 +137,9 @@ def test_lost_cluster_falls_back_to_local_workers_from_the_first_batch_not_deliv
     torch.manual_seed(7)
     iterator = iter(loader)
     got = [next(iterator)[0].tolist() for _ in range(3)]
-    for slot in state.pool.slots:  # the cluster goes away mid-epoch
-        state.pool.ray.kill(slot.actor)
+    pool = state.driver.feeder.pool  # the script's own Ray: the driver is a thread of this process
+    for slot in pool.slots:  # the cluster goes away mid-epoch
+        pool.ray.kill(slot.actor)
     got += [i.tolist() for i, _ in iterator]
     got += [i.tolist() for _ in range(2) for i, _ in loader]  # the next epochs: local from the start
     assert got == [i for i, _ in plain]  # the sampler's order, exactly once, across the fall-back
@@ -158,7 +165,7 @@ def test_batches_are_pinned_where_the_loader_asks(offloaded, monkeypatch):
     assert [b[0] for b in batches] == ["pinned"] * 6
     assert [b[1][0].tolist() for b in batches] == [list(range(i, i + 4)) for i in range(0, 24, 4)]
     assert pinned == [("cuda", "gpufeed-offload-pin")] * 6  # each batch once, off the loop's thread
-    assert it._receiver is None and not any(t.name == "gpufeed-offload-pin" for t in threading.enumerate())
+    assert it._pinner is None and not any(t.name == "gpufeed-offload-pin" for t in threading.enumerate())
 
 
 def test_a_worker_killed_mid_batch_while_the_thread_pins_loses_nothing(offloaded, monkeypatch, tmp_path):
@@ -269,9 +276,11 @@ def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_run
     (iterator,) = [e for e in events if e["kind"] == "iterator"]
     assert iterator["config"]["num_workers"] == 2 and iterator["worker_pids"] == []
     session = iterator["config"]["offload"].pop("ray_session_dir")
+    driver = iterator["config"]["offload"].pop("ray_driver_pid")
     assert iterator["config"]["offload"] == {"backend": "ray", "workers": offload[-1]["workers"], "nodes": 1,
                                              "address": None}
-    assert list(Path(session, "logs").glob(f"python-core-driver-*_{iterator['pid']}.log"))  # Ray's log of it
+    # The Ray driver is a process of its own (the training outlives the cluster), and Ray logs it.
+    assert driver != iterator["pid"] and list(Path(session, "logs").glob(f"python-core-driver-*_{driver}.log"))
     m = diagnosis["metrics"]
     assert m["offload"]["batches"] == 150 and m["offload"]["by_node"] == offload[-1]["by_node"]
     assert m["fetch_ms_per_batch_p50"] is None and m["worker_fetch_cpu_ratio"] is None  # no local worker
@@ -293,9 +302,9 @@ def test_diagnose_offloaded_measures_the_offloaded_loader_and_leaves_nothing_run
 
 
 def test_under_torchrun_offloading_declines_with_one_sentence_before_training(tmp_path):
-    """`gpufeed run --offload ray -- torchrun ...`: gpufeed does not yet share one cluster's workers
-    between ranks, so no rank starts a Ray; rank 0 says so once, before its first batch, and each
-    rank trains on its DistributedSampler's batches with its local workers."""
+    """`gpufeed run --offload ray -- torchrun ...` without --ray-address: each rank would start a Ray of
+    its own, so none does; rank 0 says so once, before its first batch, and each rank trains on its
+    DistributedSampler's batches with its local workers (with an address: test_offload_cluster.py)."""
     from tests.test_cli import assert_nothing_left_running, gpufeed
     from tests.test_distributed import DDP, torchrun
     before = _ray_processes()
@@ -303,7 +312,7 @@ def test_under_torchrun_offloading_declines_with_one_sentence_before_training(tm
                    cwd=tmp_path, timeout=240)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert_nothing_left_running(str(DDP))
-    assert done.stderr.count("--offload is off: this job has 2 ranks") == 1
+    assert done.stderr.count("--offload is off: this job has 2 ranks and no --ray-address") == 1
     assert "Ray workers" not in done.stderr and _ray_processes() <= before  # no Ray was started
     out = done.stdout + done.stderr
     assert "rank 0/2: 6 steps" in out and "rank 1/2: 6 steps" in out

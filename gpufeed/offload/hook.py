@@ -34,7 +34,7 @@ def install_from_env() -> None:
         _fail(str(error))
     if settings is None:
         return
-    refusal = distributed_refusal()
+    refusal = distributed_refusal(settings)
     if refusal is not None:
         from gpufeed.measure.inside.lifecycle import RANK_ENV, env_int
         if not env_int(*RANK_ENV):  # said once, by rank 0
@@ -43,16 +43,22 @@ def install_from_env() -> None:
     install(settings)
 
 
-def distributed_refusal() -> str | None:
-    """Why the training loader is not offloaded in this process, or None: under torchrun (or any
-    launcher with several ranks) each rank would start its own local Ray, or take every CPU of the
-    cluster for its own pool, and gpufeed does not yet share one cluster's workers between ranks."""
+def ranks() -> int:
+    """The ranks of this job (torchrun, SLURM, MPI), 1 for a single process."""
     from gpufeed.measure.inside.lifecycle import WORLD_SIZE_ENV, env_int
-    ranks = env_int(*WORLD_SIZE_ENV)
-    if ranks is None or ranks <= 1:
+    return max(env_int(*WORLD_SIZE_ENV) or 1, 1)
+
+
+def distributed_refusal(settings: OffloadSettings) -> str | None:
+    """Why the training loader is not offloaded in this process, or None. In a job of several ranks
+    each rank offloads its own sampler's batches to its share of one cluster (``--ray-address``);
+    without one, each rank would start a local Ray of its own, each taking every core of the host."""
+    count = ranks()
+    if count <= 1 or settings.address:
         return None
-    return (f"--offload is off: this job has {ranks} ranks, and gpufeed cannot yet share one Ray cluster's "
-            "workers between ranks, so each rank's DataLoader keeps its local workers.")
+    return (f"--offload is off: this job has {count} ranks and no --ray-address; each rank would start a Ray "
+            "of its own on this host, so each rank's DataLoader keeps its local workers (start one cluster with "
+            "`ray start --head` and give its address: the ranks then share its workers).")
 
 
 def install(settings: OffloadSettings) -> None:
@@ -107,13 +113,14 @@ def _active_probe() -> Any:
 
 
 class _Offload:
-    """One process's offloading: the connection, the pool (started at the first training iterator,
-    kept for the next ones), and what it did."""
+    """One process's offloading: the driver holding the Ray connection (started at the first
+    training iterator, kept for the next ones), and what it did."""
 
     def __init__(self, settings: OffloadSettings) -> None:
         from gpufeed.offload.iterator import Stats
         self.settings = settings
-        self.pool: Any = None
+        self.driver: Any = None
+        self.pool_info: dict[str, Any] = {}
         self.lost = False
         self.stats = Stats(on_progress=self.record)
         self.recorded = 0  # batches whose latency an `offload` event has summed up already
@@ -128,37 +135,54 @@ class _Offload:
         return role == roles.TRAIN
 
     def iterator(self, loader: Any) -> Any:
-        from gpufeed import thresholds as th
-        from gpufeed.offload import ray_engine
         from gpufeed.offload.iterator import RayBatches
-        if self.pool is None:
-            ray = ray_engine.connect(self.settings)
-            size = self.settings.workers or max(ray_engine.cluster_cpus(ray), 1)
-            self.pool = ray_engine.Pool.start(ray, size, th.OFFLOAD_START_TIMEOUT_S)
-            # Registered now, after the probe's and Ray's own: it runs before them at exit.
-            atexit.register(self.close)
-            nodes = {s.node_id for s in self.pool.usable()}
-            self.note(f"the training DataLoader's batches are made by {len(self.pool.usable())} Ray workers on "
-                      f"{len(nodes)} node{'s' if len(nodes) != 1 else ''} of {self.settings.where()}")
-        iterator = RayBatches(loader, self.pool, self.stats, say, self._lost,
-                              self.settings.lost_after_s or th.OFFLOAD_LOST_AFTER_S)
+        if self.driver is None:
+            self.start()
+        iterator = RayBatches(loader, self.driver, self.pool_info["size"], self.stats, say, self._lost)
         # The probe records it as the loader config's `offload` (docs/run-record.md): the analysis then
         # knows the batches were made on Ray, not by the num_workers the config still names.
         iterator._gpufeed_offload = self.flag(iterator._worker_count)
         return iterator
 
+    def start(self) -> None:
+        """The driver, and its pool of Ray workers started; ``OffloadError`` when they cannot be."""
+        from gpufeed import thresholds as th
+        from gpufeed.offload import ray_engine
+        from gpufeed.offload.driver import Driver
+        ray = ray_engine.import_ray()
+        # The script's own Ray connection is shared, on a thread; otherwise a process of its own holds
+        # one (driver.py: Ray ends the process holding it when the cluster is lost).
+        driver = Driver(self.settings, in_process=ray.is_initialized(), ranks=ranks())
+        try:
+            # Ray's own connection timeouts come first; the pool gets its start-up time.
+            self.pool_info = driver.ready(2 * th.OFFLOAD_START_TIMEOUT_S)
+        except BaseException:
+            driver.close()
+            raise
+        self.driver = driver
+        # Registered now, after the probe's and Ray's own: it runs before them at exit.
+        atexit.register(self.close)
+        nodes = self.pool_info["nodes"]
+        from gpufeed.measure.inside.lifecycle import RANK_ENV, env_int
+        rank = f"rank {env_int(*RANK_ENV)}: " if ranks() > 1 else ""
+        self.note(f"{rank}the training DataLoader's batches are made by {len(nodes)} Ray workers on "
+                  f"{len(set(nodes))} node{'s' if len(set(nodes)) != 1 else ''} of {self.settings.where()}")
+
     def flag(self, workers: int) -> dict[str, Any]:
         """What made the batches: the engine, its workers and nodes, and the cluster (None: a local Ray)."""
-        usable = self.pool.usable()[:workers]
-        from gpufeed.offload import ray_engine
-        return {"backend": self.settings.engine, "workers": len(usable),
-                "nodes": len({s.node_id for s in usable}), "address": self.settings.address,
-                "ray_session_dir": ray_engine.SESSION_DIR}
+        nodes = self.pool_info["nodes"][:workers]
+        return {"backend": self.settings.engine, "workers": len(nodes), "nodes": len(set(nodes)),
+                "address": self.settings.address, "ray_session_dir": self.pool_info.get("session_dir"),
+                "ray_driver_pid": self.driver.pid}
 
     def _lost(self) -> None:
         self.lost = True
-        if self.pool is not None:
-            self.pool.close()
+        self._stop_driver()
+
+    def _stop_driver(self) -> None:
+        if self.driver is not None:
+            self.driver.close()
+            self.driver = None
 
     def note(self, message: str) -> None:
         sys.stderr.write(f"gpufeed: {message}\n")
@@ -168,7 +192,7 @@ class _Offload:
         return {"batches": s.batches, "by_node": dict(s.by_node), "resent": s.resent,
                 "workers_lost": s.workers_lost, "fell_back": s.fell_back,
                 "latency_ms_p50": _ms(s.latency_s), "make_ms_p50": _ms(s.make_s), "make_cpu_ms_p50": _ms(s.make_cpu_s),
-                "workers": None if self.pool is None else self.pool.size}
+                "workers": self.pool_info.get("size")}
 
     def record(self) -> None:
         """The totals so far as an ``offload`` event in the run record (the last one counts)."""
@@ -189,9 +213,7 @@ class _Offload:
                       f"{summary['resent']} sent again after {summary['workers_lost']} workers were lost; "
                       f"median latency {summary['latency_ms_p50']:.1f} ms")
             self.stats.batches = 0
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        self._stop_driver()
 
 
 def _ms(values: list[float]) -> float | None:

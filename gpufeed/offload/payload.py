@@ -18,11 +18,12 @@ def job_of(iterator: Any, loader: Any) -> tuple:
             iterator._drop_last, loader.worker_init_fn)
 
 
-def put(ray: Any, job: tuple) -> Any:
-    """The job in Ray's object store; ``OffloadError`` naming what cannot be sent."""
+def dumps(ray: Any, job: tuple) -> bytes:
+    """The job, pickled for the Ray workers (by the training process, where its classes are);
+    ``OffloadError`` naming what cannot be sent."""
     ship_user_code(ray)
     try:
-        return ray.put(job)
+        return ray.cloudpickle.dumps(job)
     except Exception as error:
         names = ("dataset", None, None, "collate_fn", None, "worker_init_fn")
         for name, part in zip(names, job):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -106,6 +108,13 @@ class Slot:
     ready: bool = False
     lost: bool = False
     node_id: str | None = None
+    asked_t: float = 0.0  # when its actor was asked for (monotonic)
+    attempt: int = 0      # how often it was asked for again after its creation looked lost
+
+    def stuck(self, now: float) -> bool:
+        """Not started after ``OFFLOAD_STUCK_START_S``, doubled at each new attempt: a worker that is
+        merely slow to start (a runtime environment to install) gets ever longer."""
+        return not self.ready and not self.lost and now - self.asked_t >= th.OFFLOAD_STUCK_START_S * 2 ** self.attempt
 
 
 @dataclass
@@ -125,21 +134,22 @@ class Pool:
         pool = cls(ray, size)
         pool._actor_class = _batch_maker(ray)
         pool.slots = [pool._new_slot(i) for i in range(size)]
-        ready, _ = ray.wait([s.ready_ref for s in pool.slots], num_returns=size, timeout=timeout_s)
-        pool.note_ready(ready)
+        deadline = time.monotonic() + timeout_s
+        while pool.pending_ready_refs() and time.monotonic() < deadline:
+            pool.wait_for_all(min(deadline - time.monotonic(), th.OFFLOAD_STUCK_START_S))
         if not any(s.ready for s in pool.slots):
             pool.close()
             raise OffloadError(f"no Ray worker started within {timeout_s:g} s on a cluster with "
                                f"{cluster_cpus(ray)} CPUs")
         for slot in pool.slots:  # the cluster has fewer free CPUs than asked: go on with those that started
             if not slot.ready:
+                pool._kill(slot)
                 slot.lost = True
-                ray.kill(slot.actor)
         return pool
 
     def _new_slot(self, worker_id: int) -> Slot:
         actor = self._actor_class.options(scheduling_strategy="SPREAD").remote()
-        return Slot(worker_id, actor, actor.ready.remote())
+        return Slot(worker_id, actor, actor.ready.remote(), asked_t=time.monotonic())
 
     def note_ready(self, refs: list) -> None:
         """Mark the slots whose ready call came back; one whose actor died at start-up is lost."""
@@ -169,11 +179,8 @@ class Pool:
     def replace(self, slot: Slot) -> Slot | None:
         """A lost worker's actor is killed and a new one started in its place (not waited for);
         None when the pool has replaced as many as it may (a batch that kills every worker)."""
+        self._kill(slot)
         slot.lost = True
-        try:
-            self.ray.kill(slot.actor)
-        except Exception:
-            pass
         if self.replacements >= th.OFFLOAD_MAX_REPLACEMENTS_PER_WORKER * self.size:
             return None
         self.replacements += 1
@@ -184,13 +191,45 @@ class Pool:
     def pending_ready_refs(self) -> list:
         return [s.ready_ref for s in self.slots if not s.ready and not s.lost]
 
-    def wait_for_any(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for a starting worker; whether one is usable now."""
+    def wait_for_all(self, timeout_s: float, restart: bool = True) -> None:
+        """Wait up to ``timeout_s`` for the starting workers; then (``restart``) start again those whose
+        creation was lost (``OFFLOAD_STUCK_START_S``)."""
         refs = self.pending_ready_refs()
         if refs:
-            ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout_s)
+            try:
+                ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=max(timeout_s, 0.0))
+            except Exception:  # the cluster is gone: nothing to wait for
+                return
             self.note_ready(ready)
+        if restart:
+            self._restart_stuck()
+
+    def wait_for_any(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a starting worker; whether one is usable now."""
+        deadline = time.monotonic() + timeout_s
+        while not self.usable() and self.pending_ready_refs():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, _ = self.ray.wait(self.pending_ready_refs(), num_returns=1,
+                                     timeout=min(left, th.OFFLOAD_STUCK_START_S))
+            self.note_ready(ready)
+            self._restart_stuck()
         return bool(self.usable())
+
+    def _restart_stuck(self) -> None:
+        """Ask again for the workers still not started after ``OFFLOAD_STUCK_START_S`` while the cluster
+        has a CPU free for each: their creation was lost, and waiting longer would not start them."""
+        now = time.monotonic()
+        stuck = [s for s in self.slots if s.stuck(now)]
+        if not stuck:
+            return
+        free = int(self.ray.available_resources().get("CPU", 0))
+        for slot in stuck[:free]:
+            self._kill(slot)
+            new = self._new_slot(slot.worker_id)
+            new.attempt = slot.attempt + 1
+            self.slots[self.slots.index(slot)] = new
 
     def poll(self) -> None:
         """Note the workers that have started since (never blocks)."""
@@ -199,10 +238,44 @@ class Pool:
             ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
             self.note_ready(ready)
 
-    def close(self) -> None:
-        for slot in self.slots:
+    def _kill(self, slot: Slot) -> None:
+        """Kill a worker's actor. One that never started is killed on a thread of its own: ``ray.kill``
+        waits for the actor's registration with the GCS, and an actor whose registration was lost
+        (``OFFLOAD_STUCK_START_S``) held it forever (seen here: a test hung in ``Pool.start``)."""
+        if slot.ready:
             try:
                 self.ray.kill(slot.actor)
             except Exception:
                 pass
+            return
+
+        def kill() -> None:
+            try:
+                self.ray.kill(slot.actor)
+            except Exception:
+                pass
+        threading.Thread(target=kill, name="gpufeed-offload-kill", daemon=True).start()
+
+    def close(self) -> None:
+        """Kill the workers, and wait (``OFFLOAD_CLOSE_WAIT_S`` at most) until they are gone.
+
+        A worker still starting (a replacement asked for a moment ago) is first given that long to
+        start: one killed while Ray was placing it kept its CPU (seen here with Ray 2.60: after a
+        replacement killed half a second after it was asked for, the next pool waited 120 s with no
+        CPU free; ray-project/ray#17369 is the same race, where the cancelled lease and the scheduling
+        cross)."""
+        self.wait_for_all(th.OFFLOAD_CLOSE_WAIT_S, restart=False)
+        gone = []
+        for slot in self.slots:
+            if slot.ready and not slot.lost:
+                try:
+                    gone.append(slot.actor.ready.remote())  # answered with an error once the actor is dead
+                except Exception:
+                    pass
+            self._kill(slot)
         self.slots = []
+        if gone:
+            try:
+                self.ray.wait(gone, num_returns=len(gone), timeout=th.OFFLOAD_CLOSE_WAIT_S)
+            except Exception:
+                pass

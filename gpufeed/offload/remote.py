@@ -37,13 +37,14 @@ class BatchMaker:
         return self.node_id, self.pid
 
     def start(self, token: int, job: tuple, worker_id: int, num_workers: int, base_seed: int) -> None:
-        """A new iterator: a fresh copy of its dataset (``job`` arrives deserialised anew for this
-        call), seeded and initialised as torch seeds and initialises worker ``worker_id``."""
+        """A new iterator: a fresh copy of its dataset (``job``: pickled by the training process,
+        ``payload.dumps``), seeded and initialised as torch seeds and initialises worker ``worker_id``."""
         import torch
+        from ray import cloudpickle
         from torch.utils.data import _DatasetKind
         from torch.utils.data._utils import worker as torch_worker
 
-        dataset, kind, auto_collation, collate_fn, drop_last, init_fn = job
+        dataset, kind, auto_collation, collate_fn, drop_last, init_fn = cloudpickle.loads(job)
         for old in sorted(self._fetchers)[:-KEPT_ITERATORS + 1]:
             self._fetchers.pop(old, None)
             self._jobs.pop(old, None)

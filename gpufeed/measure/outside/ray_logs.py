@@ -32,10 +32,18 @@ def ray_ending(run_dir: Path) -> RayEnding | None:
     """Ray's words on ending an offloading process of this run, or None (not offloaded, no such log, or
     Ray did not end it)."""
     for pid, session in _offloading_processes(run_dir):
-        for log in sorted(Path(session, "logs").glob(f"python-core-driver-*_{pid}.log")):
-            words = _last_words(log)
-            if words is not None:
-                return RayEnding(pid, words, log)
+        ending = ray_ended(session, pid)
+        if ending is not None:
+            return ending
+    return None
+
+
+def ray_ended(session_dir: str, pid: int) -> RayEnding | None:
+    """Ray's words on ending process ``pid``, a driver of Ray session ``session_dir``; None if none."""
+    for log in sorted(Path(session_dir, "logs").glob(f"python-core-driver-*_{pid}.log")):
+        words = _last_words(log)
+        if words is not None:
+            return RayEnding(pid, words, log)
     return None
 
 
@@ -51,9 +59,13 @@ def _offloading_processes(run_dir: Path) -> list[tuple[int, str]]:
                         event = json.loads(line)
                     except ValueError:
                         continue
-                    session = ((event.get("config") or {}).get("offload") or {}).get("ray_session_dir")
-                    if event.get("kind") == "iterator" and session and isinstance(event.get("pid"), int):
-                        found[event["pid"]] = session
+                    offload = (event.get("config") or {}).get("offload") or {}
+                    session, pid = offload.get("ray_session_dir"), event.get("pid")
+                    # Only where the training process is the driver (the script's own Ray): a driver
+                    # process of its own ending is survived (offload/driver.py).
+                    if (event.get("kind") == "iterator" and session and isinstance(pid, int)
+                            and offload.get("ray_driver_pid", pid) == pid):
+                        found[pid] = session
         except OSError:
             continue
     return sorted(found.items())

@@ -37,7 +37,10 @@ class Noisy(Dataset):
                 f.write(str(os.getpid()))
             os._exit(1)  # the worker dies mid-batch
         if i == self.kill_node_at and "RAY_RAYLET_PID" in os.environ:  # only on a Ray node
-            os.kill(int(os.environ["RAY_RAYLET_PID"]), signal.SIGKILL)
+            try:
+                os.kill(int(os.environ["RAY_RAYLET_PID"]), signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the batch was sent again to a worker of a node already killed: die all the same
             os._exit(1)
         if self.slow_s:
             time.sleep(self.slow_s)
