@@ -1,9 +1,16 @@
 """Offloading on a real, local Ray (one node started in this process for each test, 2 CPUs): the
 batches, their order, backpressure, a worker killed mid-batch, the user's errors, a dataset that
 cannot be sent, and the fall-back to local workers. Heavy (starts Ray): run it under the lock.
+
+A process that has been a Ray driver keeps Ray's threads' state after ray.shutdown(), and a
+DataLoader worker it forks can segfault (one did, in the plain run of the test after a Ray one). So
+this module's local workers come from a forkserver (a fresh interpreter, as Ray's docs advise for
+DataLoader workers in Ray processes), and its tests run after every other module's (conftest.py):
+no test forks workers from pytest's process once it has joined a Ray.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sqlite3
 import time
@@ -18,6 +25,8 @@ from gpufeed.offload.errors import OffloadError
 from tests import needs
 
 WORKERS = 2
+FRESH = multiprocessing.get_context("forkserver")  # local workers that inherit no Ray state
+pytestmark = pytest.mark.ray_in_process
 
 
 @pytest.fixture
@@ -72,7 +81,7 @@ def _epochs(loader: DataLoader, epochs: int = 2) -> list[tuple[list[int], list[l
 
 
 def _loader(dataset: Dataset, **kwargs) -> DataLoader:
-    kwargs = {"batch_size": 4, "shuffle": True, "num_workers": WORKERS, **kwargs}
+    kwargs = {"batch_size": 4, "shuffle": True, "num_workers": WORKERS, "multiprocessing_context": FRESH, **kwargs}
     return DataLoader(dataset, **kwargs)
 
 
@@ -209,7 +218,8 @@ def test_an_iterable_dataset_gives_the_batches_of_a_plain_run_exactly_once(offlo
     taken round robin as torch takes them, a worker whose stream ended left out: the same batches in
     the same order, even the random augmentation, across two epochs."""
     def loader() -> DataLoader:
-        return DataLoader(Stream(), batch_size=4, num_workers=WORKERS, persistent_workers=persistent)
+        return DataLoader(Stream(), batch_size=4, num_workers=WORKERS, persistent_workers=persistent,
+                          multiprocessing_context=FRESH)
     plain = _epochs(loader())
     state = offloaded()
     remote = _epochs(loader())
@@ -229,7 +239,8 @@ def test_an_iterable_dataset_without_workers_is_one_ray_worker(offloaded):
 def test_an_iterable_dataset_whose_worker_dies_stops_with_one_sentence(offloaded, tmp_path):
     offloaded()
     with pytest.raises(OffloadError, match="cannot be made by another worker"):
-        _epochs(DataLoader(Stream(kill_at=13, marker=str(tmp_path / "killed")), batch_size=4, num_workers=WORKERS))
+        _epochs(DataLoader(Stream(kill_at=13, marker=str(tmp_path / "killed")), batch_size=4, num_workers=WORKERS,
+                           multiprocessing_context=FRESH))
 
 
 def _ray_processes() -> set[int]:
