@@ -226,10 +226,12 @@ def test_the_training_process_cpu_while_it_waits_is_not_a_cost_per_batch():
     """Measured (bench, storage-bound, 1 worker): 29 batches in 1 s, the loop inside next() 95% of it,
     yet the training process used 0.28 cores: its threads' CPU while it waits (polling, spinning; a
     plain run without gpufeed spends as much). Read as a cost per batch it made the cores the limit at 6 workers;
-    the CPU outside next() (its compute) is the cost, and the storage latency takes 13-14 workers."""
+    the CPU outside next() (its compute) is the cost, and the storage latency takes 13-14 workers. (The
+    model now stops at 11: there the workers' CPU beside the step, which keeps both cores busy, holds
+    the step as long as the latency does; docs/what-if.md, the step preempted.)"""
     user = normalized(LoaderSettings(num_workers=1, prefetch_factor=2), LoaderSettings(persistent_workers=False))
     spinning = Period(user, 29 * 8 / 1.003, 0.952, 0.08, 1.003, 29, cores_used=0.359, main_cores=0.279,
                       host_busy_cores=0.409)
     assert live_what_if(spinning, 2, 300, False).best.num_workers <= 6  # without the split: the cores, wrongly
     split = dataclasses.replace(spinning, compute_cores=0.08)
-    assert live_what_if(split, 2, 300, False).best.num_workers >= 12
+    assert live_what_if(split, 2, 300, False).best.num_workers >= 10

@@ -238,3 +238,51 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
     assert _other_cores(record, m) == pytest.approx(0.05)  # the 5% another program took on core 1
     few = SimpleNamespace(samples=SimpleNamespace(t=t[:3], cpu_pct=np.array(busy[:3]), procs=[procs[0], procs[3], procs[0]]))
     assert _other_cores(few, m) == pytest.approx(1.85 - 1.66)  # too few steady intervals: the run's metrics
+
+
+def _compute_bound(**changed):
+    """bench/what_if.py's compute-bound record, alone: a 10.7 ms step on two threads (21 ms of CPU),
+    a batch 1.65 ms of worker CPU, 2 cores."""
+    record = dict(cpu_s=0.00165, sleep_s=0.0, handoff_s=0.0, compute_s=0.0107, main_cpu_s=0.0214, startup_s=0.2,
+                  spawn_s=0.01, stop_s=0.005, batches_per_epoch=200.0, samples_per_batch=256.0, workers=0,
+                  persistent=True)
+    return _costs(**{**record, **changed})
+
+
+def test_workers_beside_a_cpu_step_that_fills_the_cores_slow_it_down():
+    """Measured: the step took 13.1-14.4 ms beside 1-16 workers (10.7 ms alone). Each worker's CPU
+    preempts one of the step's two threads, and the other waits: the loop's bound falls by about
+    twice the worker CPU made beside the step, and no worker count brings the ceiling back."""
+    from gpufeed.analysis.whatif import LIMIT_LOOP, _preempted_step, batches_per_s
+    c = _compute_bound()
+    stall, spin = _preempted_step(c, 1, 2.0, c.compute_s)
+    assert stall == pytest.approx(2 * 0.00165) and spin == pytest.approx(0.00165)
+    rate, limit = batches_per_s(c, 4)
+    # The worker CPU made while the step runs: the share of the period the step takes (10.7 of 11.5 ms,
+    # the cores' bound), twice: 13.8 ms a batch, within the 13.1-14.4 ms measured.
+    assert limit == LIMIT_LOOP and 1 / rate == pytest.approx(0.0107 + 2 * 0.00165 * 0.0107 / (0.02305 / 2), rel=1e-6)
+    assert 0.0131 <= 1 / rate <= 0.0144
+    ceiling = 1 / c.compute_s
+    assert batches_per_s(c, 0)[0] < ceiling and rate < ceiling
+
+
+def test_a_step_that_leaves_cores_idle_or_runs_on_the_gpu_is_not_preempted():
+    from gpufeed.analysis.whatif import _preempted_step, _worker_bounds, batches_per_s
+    one_thread = _compute_bound(main_cpu_s=0.0107)  # k = 1: the other core absorbs the workers' 1.65 ms
+    assert _preempted_step(one_thread, 4, 2.0, one_thread.compute_s) == (0.0, 0.0)
+    gpu = _compute_bound(cuda=True)
+    assert _preempted_step(gpu, 4, 2.0, gpu.compute_s) == (0.0, 0.0)
+    assert batches_per_s(gpu, 4)[0] == min(_worker_bounds(gpu, 4, 2.0).values())
+
+
+def test_a_baseline_with_workers_is_taken_back_to_its_step_alone():
+    """A run with workers measured its step preempted (14 ms, 28 ms of the training process's CPU a
+    batch, as measured beside 2 workers): the model's costs are the step alone, so the run's own
+    setting is predicted about as measured, and no workers faster."""
+    from gpufeed.analysis.whatif import _alone, batches_per_s
+    measured = _compute_bound(compute_s=0.014, main_cpu_s=0.028, workers=2)
+    alone = _alone(measured)
+    assert alone.compute_s < measured.compute_s and alone.main_cpu_s < measured.main_cpu_s
+    assert 1 / batches_per_s(alone, 2)[0] == pytest.approx(measured.compute_s, rel=0.15)
+    assert batches_per_s(alone, 0)[0] > batches_per_s(alone, 2)[0]
+    assert _alone(_compute_bound()) == _compute_bound()  # no workers measured: nothing to take back
