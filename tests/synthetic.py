@@ -33,6 +33,8 @@ class Scenario:
     fetch_wall_s: float = 0.015       # per batch in a worker
     fetch_cpu_s: float = 0.012        # CPU time of that fetch
     worker_torch_threads: int = 1
+    train_torch_threads: int | None = None  # the training process's, in its iterator events (None: an older record)
+    spin_in_next_s: float | None = None  # num_workers=0: other threads' CPU inside next() (None: no thread_cpu_s)
     worker_os_threads: int = 4
     worker_status: str = "sleeping"
     worker_cpu_pct: float = 30.0      # each worker, every sample (sampler)
@@ -90,7 +92,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
             iter_id = epoch * sc.autotune_pools
             events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": iter_id, "loader_id": 0,
                           "t_created": t_created, "t_ready": t_created + 0.001, "worker_pids": workers,
-                          "config": config})
+                          "config": config, **({"torch_threads": sc.train_torch_threads}
+                                               if sc.train_torch_threads is not None else {})})
             rows, cuda_rows, h2d_rows = [], [], []
             t += sc.startup_s - sc.wait_s
             for i in range(sc.steps_per_epoch):
@@ -99,7 +102,10 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 # With num_workers=0 the batch is made inside next(): the probe takes its CPU time
                 # for one step in 8.
                 cpu = sc.fetch_cpu_s if not workers and i % 8 == 0 else None
-                rows.append([i, t_req, t_del, sc.batch_size, cpu])
+                if cpu is not None and sc.spin_in_next_s is not None:  # the process's CPU, and the thread's own
+                    rows.append([i, t_req, t_del, sc.batch_size, cpu + sc.spin_in_next_s, cpu])
+                else:
+                    rows.append([i, t_req, t_del, sc.batch_size, cpu])
                 if sc.cuda:
                     cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:

@@ -258,3 +258,41 @@ def test_the_next_that_ends_an_epoch_is_recorded(tmp_path):
     for it in iterators:
         ((t_request, t_end),) = it.epoch_ends
         assert it.steps.t_deliver[-1] <= t_request < t_end
+
+
+class BusyElsewhere(Dataset):
+    """Each sample's CPU is burnt by another thread while the calling one waits for it (as the step's
+    idle OpenMP threads spin while the training thread makes a batch inside next())."""
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        import threading
+
+        def burn():
+            end = time.thread_time() + 0.005
+            while time.thread_time() < end:
+                pass
+        other = threading.Thread(target=burn)
+        other.start()
+        other.join()
+        return torch.tensor([float(i)])
+
+
+def test_a_batch_made_inside_next_splits_the_process_cpu_from_the_threads(tmp_path):
+    """num_workers=0: for the batches it times, the probe records the process's CPU inside next() and
+    the calling thread's own; the iterator records the process's torch threads (the what-if model's
+    spin of a CPU-only step)."""
+    loader = DataLoader(BusyElsewhere(), batch_size=4)
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        for _ in range(2):
+            for _batch in loader:
+                pass
+    iterators = load_run(run.run_dir).iterators
+    assert {it.torch_threads for it in iterators} == {torch.get_num_threads()}
+    steps = [row for it in iterators for row in it.steps.tolist() if row[4] == row[4]]  # cpu_s timed (not NaN)
+    assert len(steps) >= 2
+    for _index, _t_request, _t_deliver, _samples, cpu_s, thread_cpu_s in steps:
+        assert cpu_s >= 4 * 0.005 * 0.9          # 4 samples, each 5 ms of another thread's CPU
+        assert 0 <= thread_cpu_s < 0.5 * cpu_s  # the calling thread only waited for it

@@ -31,16 +31,16 @@ def test_the_record_columns_are_the_schemas():
 
 
 def test_an_array_of_the_wrong_width_is_refused():
-    with pytest.raises(ValueError, match="5 columns"):
+    with pytest.raises(ValueError, match="6 columns"):
         StepRows.of(np.zeros((3, 4)))
     assert StepRows.of(np.empty(0)).shape == (0, len(schema.STEP_COLUMNS))
 
 
 def test_null_and_missing_cells_are_nan_and_extra_cells_ignored():
-    steps = StepRows.of([[0, 1.0, 1.5, None], [1, 2.0, 2.5, 8, 0.1, 99]])  # an older, shorter row; a longer one
+    steps = StepRows.of([[0, 1.0, 1.5, None], [1, 2.0, 2.5, 8, 0.1, 0.08, 99]])  # an older, shorter row; a longer one
     assert steps.shape == (2, len(schema.STEP_COLUMNS))
-    assert math.isnan(steps.samples[0]) and math.isnan(steps.cpu_s[0])
-    assert steps.samples[1] == 8 and steps.cpu_s[1] == 0.1
+    assert math.isnan(steps.samples[0]) and math.isnan(steps.cpu_s[0]) and math.isnan(steps.thread_cpu_s[0])
+    assert steps.samples[1] == 8 and steps.cpu_s[1] == 0.1 and steps.thread_cpu_s[1] == 0.08
 
 
 def test_rows_selected_keep_their_names_and_a_column_is_a_plain_array():
@@ -52,9 +52,9 @@ def test_rows_selected_keep_their_names_and_a_column_is_a_plain_array():
 
 
 def test_shift_moves_only_the_times():
-    steps = StepRows.of([[0, 1.0, 1.5, 8, 0.2]])
+    steps = StepRows.of([[0, 1.0, 1.5, 8, 0.2, 0.1]])
     steps.shift(10.0)
-    assert steps.tolist() == [[0, 11.0, 11.5, 8, 0.2]]
+    assert steps.tolist() == [[0, 11.0, 11.5, 8, 0.2, 0.1]]
 
 
 def test_series_joins_iterators_in_request_order():

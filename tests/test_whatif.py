@@ -286,3 +286,51 @@ def test_a_baseline_with_workers_is_taken_back_to_its_step_alone():
     assert 1 / batches_per_s(alone, 2)[0] == pytest.approx(measured.compute_s, rel=0.15)
     assert batches_per_s(alone, 0)[0] > batches_per_s(alone, 2)[0]
     assert _alone(_compute_bound()) == _compute_bound()  # no workers measured: nothing to take back
+
+
+# A CPU-only run's training process with two torch threads: while it made each batch inside next()
+# (26 ms of its thread's CPU), its other thread spun for 4 ms (the process's CPU in next(), 30 ms,
+# less the thread's own).
+SPINNING = dataclasses.replace(CPU_BOUND, wait_s=0.026, fetch_cpu_s=0.026, spin_in_next_s=0.004, train_torch_threads=2)
+
+
+def test_the_steps_idle_threads_spin_and_take_the_cores_of_few_workers(tmp_path):
+    """Beside a few busy workers the spin of the step's threads (k = 2: twice the 4 ms next() shows)
+    takes cores the workers needed; beside many, the kernel's fair share leaves it little."""
+    w = run(tmp_path, SPINNING, workers=2, persistent=True)
+    c = w.costs
+    assert (c.step_threads, c.spin_s) == (2, pytest.approx(0.008))
+    assert c.cpu_s == pytest.approx(0.030)   # the batch's CPU as the probe read it, spin included
+    cpu = c.cpu_s + c.handoff_s + c.main_cpu_s
+    two = w.predictions[0]
+    assert two.limit == LIMIT_CORES
+    # 2 workers and 2 spinning threads share 2 cores: the spin has a core, and lasts its 8 ms.
+    assert two.samples_per_s == pytest.approx(2 / (cpu + 0.008) * 32, rel=0.01)
+    sixteen = answer_run(tmp_path / "run", workers=16, persistent=True).predictions[0]
+    share = 2 * 2 / 18  # 16 workers and 2 threads on 2 cores: the spin gets 0.22 cores for the wait
+    period = (cpu - share * (c.compute_s + c.receive_s)) / (2 - share)
+    assert sixteen.samples_per_s == pytest.approx(32 / period, rel=0.01)
+    assert sixteen.samples_per_s > 1.1 * two.samples_per_s
+
+
+def test_the_loop_without_workers_waits_for_the_training_thread_not_its_spinning_ones(tmp_path):
+    """The batch made inside next() takes the training thread's 26 ms, not the process's 30 ms: the
+    other thread's spin ran beside it (the model's own setting must give the run's own rate)."""
+    w = run(tmp_path, SPINNING)
+    assert w.costs.cpu_beside_s == pytest.approx(0.004)
+    yours = w.predictions[0]
+    assert yours.limit == LIMIT_LOOP
+    assert yours.samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.03)
+    assert yours.samples_per_s == pytest.approx(32 / (0.026 + 0.001), rel=0.03)
+
+
+def test_no_spin_without_the_threads_or_on_a_gpu(tmp_path):
+    """A record without the training process's threads (older) or with one thread predicts as before:
+    every worker setting on the cores alike; nor does a step on the GPU spin (its ops are not OpenMP's)."""
+    for name, scenario in (("older", dataclasses.replace(SPINNING, train_torch_threads=None)),
+                           ("one", dataclasses.replace(SPINNING, train_torch_threads=1)),
+                           ("gpu", dataclasses.replace(SPINNING, cuda=True))):
+        w = run(tmp_path / name, scenario, workers=2, persistent=True)
+        assert w.costs.spin_s == 0.0, name
+        sixteen = answer_run(tmp_path / name / "run", workers=16, persistent=True).predictions[0]
+        assert sixteen.samples_per_s == pytest.approx(w.predictions[0].samples_per_s, rel=0.01), name

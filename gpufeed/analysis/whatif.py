@@ -68,6 +68,14 @@ class Costs:
     # fewer than two epochs, or persistent workers). It gives the start-up that is neither forking,
     # stopping, nor making batches (below).
     epoch_period_s: float | None = None
+    # A CPU-only run's training process: its torch threads (k), and the CPU they burn per step spinning
+    # while the loop waits for data, when they have the cores (OpenMP's idle threads spin a while after
+    # each parallel region before they sleep): ``_spinning``. A GPU run, or an older record: 1 and 0.
+    step_threads: int = 1
+    spin_s: float = 0.0
+    # num_workers=0: of ``cpu_s`` (the process's CPU in next()), what other threads burnt meanwhile; the
+    # batch's own time on the training thread is the rest (the loop's serial path). 0 with workers.
+    cpu_beside_s: float = 0.0
 
     def scaled(self, gpu_speedup: float) -> "Costs":
         """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
@@ -85,6 +93,7 @@ class Costs:
         k = 1.0 / cpu_speedup
         return replace(self, cpu_s=self.cpu_s * k, handoff_s=self.handoff_s * k, receive_s=self.receive_s * k,
                        main_cpu_s=self.main_cpu_s * k, spawn_s=self.spawn_s * k, stop_s=self.stop_s * k,
+                       spin_s=self.spin_s * k, cpu_beside_s=self.cpu_beside_s * k,
                        compute_s=self.compute_s if self.cuda else self.compute_s * k,
                        epoch_period_s=None if self.epoch_period_s is None else self.epoch_period_s * k)
 
@@ -136,6 +145,7 @@ class WhatIf:
             "best": self.best.to_dict() if self.best else None,
             "predictions": [p.to_dict() for p in self.predictions],
             "noise": json_safe(self.noise),
+            "step_threads": self.costs.step_threads if self.costs else None,
             "costs_ms": {k: json_safe(None if v is None else v * 1000.0) for k, v in asdict(self.costs).items()
                          if k.endswith("_s")} if self.costs else None,
         }
@@ -178,6 +188,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     spans = _quiet_spans(record, m, steps)
     in_window = steps[_within(steps.t_request, spans)]
     workers = int(m.num_workers or 0)
+    beside = 0.0  # num_workers=0: other threads' CPU inside next() (``_cpu_beside``)
 
     if workers:
         rows = FetchRows.concat(f.rows for f in record.fetches if f.pid in set(training.worker_pids))
@@ -203,15 +214,21 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
             raise CannotPredict(f"{len(timed)} CPU readings of the batches made in the training process; "
                                 f"the model needs {th.WHATIF_MIN_TIMED_BATCHES}")
         wall, cpu = in_window.wait, timed.cpu_s
-        asleep = np.clip(wall - cpu.mean(), 0.0, None)
+        beside = _cpu_beside(timed)
+        asleep = np.clip(wall - (cpu.mean() - beside), 0.0, None)  # off the training thread's CPU
         receive = 0.0
     compute = _compute_times(its, spans)
     if len(compute) < 2:
         raise CannotPredict("too few steps with a measured compute time")
 
-    main_cpu = _main_cpu_per_step(record, training.pid, spans, in_window, workers)
-    if main_cpu is None:
+    main = _main_cpu_per_step(record, training.pid, spans, in_window, workers)
+    if main is None:
         raise CannotPredict("no CPU readings of the training process (the sampler saw none in the window)")
+    main_cpu, spin_waiting = main
+    threads = 1 if m.cuda_used else _step_threads(its)
+    spin = 0.0
+    if threads > 1:  # the step's idle threads spin while the loop waits: measured in the wait itself
+        spin = spin_waiting if workers else beside * threads / (threads - 1)
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
     startups, spawns, stops, per_epoch = _startup(its, workers)
@@ -230,8 +247,30 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, stop_s=stops,
                      batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
-                     persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period)
+                     persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
+                     step_threads=threads, spin_s=spin, cpu_beside_s=beside)
     return _Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
+
+
+def _step_threads(its: list) -> int:
+    """The training process's torch threads as its iterators were created (1 in older records)."""
+    threads = [it.torch_threads for it in its if it.torch_threads]
+    return max(int(np.median(threads)), 1) if threads else 1
+
+
+def _cpu_beside(timed: StepRows) -> float:
+    """``num_workers=0``: of the process's CPU inside next(), what other threads burnt meanwhile (0 in
+    older records, which lack the thread's own).
+
+    On a CPU-only run that is the step's k - 1 idle threads spinning after its last parallel region
+    while the training thread makes the batch. Beside busy workers the training thread waits instead,
+    and the step's threads also spin for each other whenever a worker preempts one of them: about as
+    much again for a two-thread step (bench/omp_spin.py, 2 cores: 4 ms a batch in next() alone; the
+    training process's CPU per step beside 2-4 busy workers grew by 10-12 ms, the main thread's own
+    by 3-4 ms). So the spin ``S`` is k / (k - 1) times this."""
+    own = timed.cpu_s - timed.thread_cpu_s
+    own = own[np.isfinite(own)]
+    return max(float(own.mean()), 0.0) if len(own) else 0.0
 
 
 def _alone(c: Costs) -> Costs:
@@ -358,14 +397,15 @@ def _compute_times(its: list, spans: np.ndarray) -> np.ndarray:
 
 
 def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: StepRows,
-                       workers: int) -> float | None:
-    """The training process's CPU seconds per step outside next(), from the sampler's readings.
+                       workers: int) -> tuple[float, float] | None:
+    """The training process's CPU seconds per step outside next(), from the sampler's readings, and
+    its CPU per step while it waits for a batch.
 
     With workers, the process may burn CPU while it waits (OpenMP threads spin after each parallel
-    region), and that share shrinks when it waits less: each reading's CPU is split by least squares
-    into cores used while stepping and while waiting, and only the first counts per step. Without
-    workers the batch is made inside next(): every CPU second counts (the caller takes the batch's off).
-    """
+    region), and that share changes with the wait: each reading's CPU is split by least squares into
+    cores used while stepping and while waiting; the first is the step's, the second the spin
+    (``_spinning``). Without workers the batch is made inside next(): every CPU second counts (the
+    caller takes the batch's off), and no spin is read here."""
     s = record.samples
     own = ((i, next((row[2] for row in s.procs[i] if row[0] == pid and row[2] is not None), None))
            for i in _intervals_within(s.t, spans))
@@ -379,13 +419,16 @@ def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: St
     busy = (b - a) - waited
     per_step = float(cpu.sum()) / len(steps) * _span_s(spans) / max(float(busy.sum() + waited.sum()), 1e-9)
     if not workers:
-        return per_step
+        return per_step, 0.0
     fit, *_ = np.linalg.lstsq(np.column_stack([busy, waited]), cpu, rcond=None)
-    stepping = float(fit[0])
+    stepping, spinning = float(fit[0]), float(fit[1])
     if not np.isfinite(stepping) or stepping <= 0:
-        return per_step
-    busy_per_step = (_span_s(spans) - _waited(steps, spans)) / len(steps)
-    return min(stepping * busy_per_step, per_step)
+        return per_step, 0.0
+    waited_per_step = _waited(steps, spans) / len(steps)
+    busy_per_step = _span_s(spans) / len(steps) - waited_per_step
+    step = min(stepping * busy_per_step, per_step)
+    spin = min(max(spinning, 0.0) * waited_per_step, per_step - step) if np.isfinite(spinning) else 0.0
+    return step, spin
 
 
 def _handoff(record: RunRecord, workers: set[int], rows: FetchRows, spans: np.ndarray) -> float | None:
@@ -463,7 +506,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
     cores = c.cores if cores is None else cores
     free = max(cores - c.other_cores, 0.0)
     if workers == 0:  # one process makes the batch, then steps: serial, and it needs the CPU of both
-        bounds = {LIMIT_LOOP: 1.0 / max(c.cpu_s + c.sleep_s + c.compute_s, 1e-9),
+        bounds = {LIMIT_LOOP: 1.0 / max(c.cpu_s - c.cpu_beside_s + c.sleep_s + c.compute_s, 1e-9),
                   LIMIT_CORES: free / max(c.cpu_s + c.main_cpu_s, 1e-9)}
         limit = min(bounds, key=bounds.get)
         return bounds[limit], limit
@@ -471,7 +514,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
     stall, spin = _preempted_step(c, workers, free, 1.0 / min(bounds.values()))
     if stall:
         bounds[LIMIT_LOOP] = 1.0 / max(c.compute_s + stall + c.receive_s, 1e-9)
-        bounds[LIMIT_CORES] = free / max(c.cpu_s + c.handoff_s + c.main_cpu_s + spin, 1e-9)
+        bounds[LIMIT_CORES] = _cores_bound(c, workers, free, spin)
     limit = min(bounds, key=bounds.get)
     return bounds[limit], limit
 
@@ -480,8 +523,37 @@ def _worker_bounds(c: Costs, workers: int, free: float) -> dict[str, float]:
     return {
         LIMIT_LOOP: 1.0 / max(c.compute_s + c.receive_s, 1e-9),
         LIMIT_WORKERS: workers / max(c.cpu_s + c.handoff_s + c.sleep_s, 1e-9),
-        LIMIT_CORES: free / max(c.cpu_s + c.handoff_s + c.main_cpu_s, 1e-9),
+        LIMIT_CORES: _cores_bound(c, workers, free),
     }
+
+
+def _cores_bound(c: Costs, workers: int, free: float, preempted_spin: float = 0.0) -> float:
+    """Batches per second that the free cores make room for: every batch's CPU, the workers' and the
+    training process's, and what the step's threads spin while the loop waits (``_spinning``)."""
+    cpu = c.cpu_s + c.handoff_s + c.main_cpu_s + preempted_spin
+    return 1.0 / _spinning(c, workers, free, cpu)
+
+
+def _spinning(c: Costs, workers: int, free: float, cpu: float) -> float:
+    """The period of a batch on the cores, ``cpu`` seconds of it besides the spin: the time P with
+
+        free P = cpu + min(spin, a (P - g - r)),   a = free k / (w + k)
+
+    On a CPU-only run the step's k threads spin while the loop waits (``spin_s`` a step when they have
+    the cores); beside w busy workers the kernel shares the cores among all w + k threads, so the spin
+    takes at most a = free k / (w + k) cores, for the wait (P - g - r). Many workers leave it little:
+    bench/omp_spin.py (2 cores, a two-thread step) measured 10-12 ms of the training process's CPU a
+    step beside 2 or 4 busy workers, 6 ms beside 8 and 1 ms beside 16; with OMP_WAIT_POLICY=PASSIVE
+    (no spin), about 2 ms beside each. The right side grows by at most a < free per second of P, so
+    the smaller of the two lines' solutions is the period."""
+    free = max(free, 1e-9)
+    if c.spin_s <= 0 or c.step_threads <= 1 or not workers:
+        return max(cpu, 1e-9) / free
+    k, step = float(c.step_threads), c.compute_s + c.receive_s
+    share = free * k / (workers + k)
+    full = (cpu + c.spin_s) / free                        # the spin as long as it lasts
+    shared = (cpu - share * step) / (free - share)        # the spin for the whole wait, at its share
+    return max(min(full, shared), cpu / free, 1e-9)
 
 
 def _preempted_step(c: Costs, workers: int, free: float, period_s: float) -> tuple[float, float]:

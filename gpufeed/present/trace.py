@@ -99,7 +99,7 @@ def _loop(record: RunRecord, us: Any) -> Iterator[Event]:
             yield {"ph": "e", "cat": "iterator", "name": f"DataLoader start-up (loader {it.loader_id})",
                    "id": f"{it.pid}-{it.iter_id}", "pid": it.pid, "tid": it.pid, "ts": us(s.t_deliver[0])}
         ends = np.append(s.t_request[1:], np.nan)
-        for (index, t_req, t_del, samples, _cpu), t_next in zip(s, ends):
+        for index, t_req, t_del, samples, t_next in zip(s.index, s.t_request, s.t_deliver, s.samples, ends):
             # The last step of an iterator has no next request: it ends at its delivery.
             end = t_next if math.isfinite(t_next) else t_del
             args = {"samples": None if math.isnan(samples) else int(samples), "loader": it.loader_id}

@@ -51,6 +51,7 @@ class IteratorRecord:
     role_why: str | None = None       # the evidence for the role, in words
     samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
     samples_unknown: str | None = None   # why some batches' samples could not be counted
+    torch_threads: int | None = None     # the creating process's torch.get_num_threads(); None in older records
     # The worker pools --autotune switched between inside this iteration, each as recorded (first
     # the one created here); empty when one pool made it (``record/pools.py``).
     pools: list["IteratorRecord"] = field(default_factory=list)
@@ -309,6 +310,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             epoch_starts=sorted(epochs.get(key, [])), epoch_ends=sorted(epoch_ends.get(key, [])),
             role=ev.get("role"), role_why=ev.get("role_why"),
             samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
+            torch_threads=ev.get("torch_threads") if isinstance(ev.get("torch_threads"), int) else None,
         ))
     autotune.sort(key=lambda ev: ev["t"])
     iterator_records = pools.file_pools(iterator_records, autotune)

@@ -82,6 +82,7 @@ class StepRows(Rows):
     t_deliver = column("t_deliver")   # next() returned the batch
     samples = column("samples")       # NaN where they could not be counted
     cpu_s = column("cpu_s")           # process CPU time in next(), for some batches with num_workers=0
+    thread_cpu_s = column("thread_cpu_s")  # of which the calling thread's (NaN in older records)
 
     @property
     def wait(self) -> np.ndarray:

@@ -23,11 +23,12 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``iterator``  pid, iter_id, loader_id (one per DataLoader object, never reused), t_created, t_ready,
               worker_pids, role ("train" or "eval"; absent in older records), role_why (its evidence),
               config (LoaderConfig fields), samples_from (how its batches' samples are counted:
-              docs/run-record.md)
+              docs/run-record.md), torch_threads (the creating process's torch.get_num_threads())
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
-``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s]; cpu_s is the
-              process CPU time inside next() for one batch in 8 when num_workers=0 (the batch is
-              made there), else null
+``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s, thread_cpu_s]; cpu_s
+              is the process CPU time inside next() for one batch in 8 when num_workers=0 (the batch
+              is made there), else null; thread_cpu_s the calling thread's share of it (absent in
+              older records)
 ``fetches``   pid, worker_id, torch_threads, rows of [t_start, t_end, cpu_s, samples]: one batch
               made by a DataLoader worker each
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
@@ -81,7 +82,7 @@ STOP_MARKER = "stop-requested"  # written by the runner as it asks the command t
 
 # Column names of the row-oriented event kinds, so readers never index by magic number: the reader
 # loads them as typed views (``record/rows.py``: ``it.steps.t_request``).
-STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s")
+STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s", "thread_cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")

@@ -94,7 +94,7 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
                                "local_rank": int | None, "world_size": int | None, "torch_version": str | None,
                                "t": float | None, "host": str | None}),
     "iterator": ({"pid": int, "iter_id": int, "t_created": float, "config": dict},
-                 {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None}),
+                 {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None, "torch_threads": int | None}),
     "epoch": ({"pid": int, "iter_id": int, "t": float}, {}),
     "epoch_end": ({"pid": int, "iter_id": int, "t_request": float, "t": float}, {}),
     "steps": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.STEP_COLUMNS), 3)}, {}),  # index, t_request, t_deliver

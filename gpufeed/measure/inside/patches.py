@@ -143,7 +143,17 @@ def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float
     probe.add_iterator(state)
     probe.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
                 t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why, config=config,
-                samples_from=state.samples_from)
+                samples_from=state.samples_from, torch_threads=_torch_threads())
+
+
+def _torch_threads() -> int | None:
+    """The training process's intra-op threads: on a CPU-only run its step's, whose idle threads spin
+    while the loop waits (the what-if model's spin)."""
+    try:
+        import torch
+        return int(torch.get_num_threads())
+    except Exception:
+        return None
 
 
 def _before_reset(iterator: Any, loader: Any, first_iter: bool) -> None:
@@ -209,6 +219,7 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
     try:
         start_event = timing.event() if timing.seen else None
         cpu0 = time.process_time() if index == state.cpu_at else None
+        thread0 = time.thread_time() if cpu0 is not None else None
     except Exception as error:
         probe.give_up(iterator, state, error)
         return original(iterator)
@@ -222,13 +233,14 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
         state.waiting_since = 0.0
     t_deliver = _clock()
     try:
-        cpu_s = None
+        cpu_s = thread_cpu_s = None
         if cpu0 is not None:
             cpu_s = time.process_time() - cpu0
+            thread_cpu_s = time.thread_time() - thread0
             state.cpu_at = index + MAIN_PROCESS_CPU_SAMPLE_EVERY
         state.next_index = index + 1
         samples = samples_of(state, index, batch)
-        state.rows.append((index, t_request, t_deliver, samples, cpu_s))
+        state.rows.append((index, t_request, t_deliver, samples, cpu_s, thread_cpu_s))
         if start_event is not None:
             end_event = timing.event()
             if end_event is not None:
