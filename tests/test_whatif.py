@@ -334,3 +334,13 @@ def test_no_spin_without_the_threads_or_on_a_gpu(tmp_path):
         assert w.costs.spin_s == 0.0, name
         sixteen = answer_run(tmp_path / name / "run", workers=16, persistent=True).predictions[0]
         assert sixteen.samples_per_s == pytest.approx(w.predictions[0].samples_per_s, rel=0.01), name
+
+
+def test_an_epoch_without_workers_is_its_batches_each_made_and_stepped(tmp_path):
+    """No start-up to amortise: an epoch of 4 batches takes 4 periods (the model once took 3, and
+    predicted short epochs a third too fast)."""
+    short = dataclasses.replace(CPU_BOUND, steps_per_epoch=4, epochs=12, startup_s=CPU_BOUND.wait_s, warmup_steps=4)
+    w = run(tmp_path, short)
+    assert w.costs.batches_per_epoch == pytest.approx(4)
+    assert w.predictions[0].samples_per_s == pytest.approx(32 / (0.030 + 0.001), rel=0.03)
+    assert w.predictions[0].samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)

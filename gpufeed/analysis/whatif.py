@@ -582,8 +582,8 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
     """Samples per second over whole epochs: the steady rate, plus each epoch's start-up."""
     rate, limit = batches_per_s(c, workers, cores)
     per_epoch = max(c.batches_per_epoch, 1.0)
-    if workers == 0:
-        epoch_start = 0.0
+    if workers == 0:  # no start-up: the epoch's first batch is made like every other
+        epoch_start = 1.0 / rate
     else:
         # Started again, the workers fork one by one (spawn each), run the user's worker_init_fn (the
         # rest of the measured start-up) and make their first batches all at once, sharing the cores:
