@@ -267,7 +267,7 @@ def _cpu_beside(timed: StepRows) -> float:
     and the step's threads also spin for each other whenever a worker preempts one of them: about as
     much again for a two-thread step (bench/omp_spin.py, 2 cores: 4 ms a batch in next() alone; the
     training process's CPU per step beside 2-4 busy workers grew by 10-12 ms, the main thread's own
-    by 3-4 ms). So the spin ``S`` is k / (k - 1) times this."""
+    by 4-5 ms). So the spin ``S`` is k / (k - 1) times this."""
     own = timed.cpu_s - timed.thread_cpu_s
     own = own[np.isfinite(own)]
     return max(float(own.mean()), 0.0) if len(own) else 0.0
@@ -542,9 +542,9 @@ def _spinning(c: Costs, workers: int, free: float, cpu: float) -> float:
     On a CPU-only run the step's k threads spin while the loop waits (``spin_s`` a step when they have
     the cores); beside w busy workers the kernel shares the cores among all w + k threads, so the spin
     takes at most a = free k / (w + k) cores, for the wait (P - g - r). Many workers leave it little:
-    bench/omp_spin.py (2 cores, a two-thread step) measured 10-12 ms of the training process's CPU a
-    step beside 2 or 4 busy workers, 6 ms beside 8 and 1 ms beside 16; with OMP_WAIT_POLICY=PASSIVE
-    (no spin), about 2 ms beside each. The right side grows by at most a < free per second of P, so
+    bench/omp_spin.py (2 cores, a two-thread step) measured 12-14 ms of the training process's CPU a
+    step beside 2 or 4 busy workers, 8 ms beside 8 and 2.5 ms beside 16; with OMP_WAIT_POLICY=PASSIVE
+    (no spin), 1.3-2.4 ms. The right side grows by at most a < free per second of P, so
     the smaller of the two lines' solutions is the period."""
     free = max(free, 1e-9)
     if c.spin_s <= 0 or c.step_threads <= 1 or not workers:
