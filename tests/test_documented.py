@@ -216,12 +216,15 @@ def test_batch_size_target_max_trials_report_and_the_validation_loader(tmp_path,
     assert 2 <= len(trials) <= 4, [t["batch_size"] for t in trials]
     # ~320 MiB of torch and model, ~0.6 MiB a sample: 420 MiB (70%) holds about 180, 540 MiB (90%) 380.
     assert all(t["peak_mem_b"] <= 0.7 * data["capacity_b"] for t in trials if t["status"] == "ok")
-    fitted = [t["batch_size"] for t in trials if t["status"] == "ok"]
+    # A size that fitted once and not on its confirming repeat is not safe (batchsize/search.py): CI
+    # saw 180 fit, then peak at 420.1 MiB against the 420.0 MiB limit on its repeat, and answer 64.
+    failed = {t["batch_size"] for t in trials if t["status"] != "ok"}
+    fitted = [t["batch_size"] for t in trials if t["status"] == "ok" and t["batch_size"] not in failed]
     assert data["largest_safe"] == max(fitted), (data["largest_safe"], trials)
-    # The answer is 90-260 unless the 4-trial cap ran out on sizes that did not fit: on a loaded
-    # machine the fit's prediction and its next one can both land a MiB over the limit (CI: 64).
+    # The answer is 90-260 unless the 4-trial cap ran out on sizes above it that did not fit (or did
+    # not fit again): on a loaded machine a peak lands a MiB over the limit.
     missed = [t for t in trials if t["status"] != "ok" and t["batch_size"] > data["largest_safe"]]
-    assert 90 <= data["largest_safe"] <= 260 or (len(trials) == 4 and len(missed) >= 2), trials
+    assert 90 <= data["largest_safe"] <= 260 or (len(trials) == 4 and missed), trials
     # Each trial overrode the training loader's batch size only: the validation loader kept its 8.
     checked = 0
     for t in trials:

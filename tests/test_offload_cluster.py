@@ -136,3 +136,22 @@ def test_losing_every_worker_node_falls_back_to_local_workers(cluster, plain, tm
     seen = json.loads((tmp_path / "batches.json").read_text())
     assert [b["indices"] for b in seen] == [b["indices"] for b in plain]
     assert "lost the Ray cluster" in done.stderr and "goes on with local DataLoader workers" in done.stderr
+
+
+def test_a_head_starts_on_a_machine_that_never_ran_ray(tmp_path, monkeypatch):
+    """``ray start --head`` only reads the token (~/.ray/auth_token) and refuses to start without it:
+    ``local_cluster`` makes one first, and keeps one that is there."""
+    needs.library("ray")
+    monkeypatch.setenv("HOME", str(tmp_path))   # a home without ~/.ray
+    token = tmp_path / ".ray" / "auth_token"
+    address = f"127.0.0.1:{local_cluster.free_port()}"
+    for attempt in range(2):
+        node = local_cluster.start_node(["--head", f"--port={address.split(':')[1]}", "--num-cpus=0",
+                                         "--include-dashboard=false"], tmp_path / f"head-{attempt}.log")
+        try:
+            assert local_cluster.wait_for_nodes(address, 1, timeout_s=60) is None, (tmp_path / f"head-{attempt}.log").read_text()[-2000:]
+        finally:
+            assert local_cluster.stop([node]) == []
+        if attempt == 0:
+            first = token.read_text()
+    assert token.read_text() == first   # the second head kept the token the first one made

@@ -21,13 +21,20 @@ def free_port() -> int:
 
 def ray_env() -> dict[str, str]:
     """Token authentication (Ray's default for new clusters): every node and driver reads the token
-    in ~/.ray/auth_token, which the head writes when there is none. No usage statistics sent."""
+    in ~/.ray/auth_token (``start_node`` makes one for a head where there is none). No usage
+    statistics sent."""
     return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="token")
 
 
 def start_node(args: list[str], log: Path, core: int | None = None) -> subprocess.Popen:
     """``ray start --block ARGS`` on 127.0.0.1 (pinned to ``core`` if given), in a session of its own."""
     ray_cli = str(Path(sys.executable).with_name("ray"))
+    if "--head" in args:
+        # ``ray start`` does not make the token, it only reads it: on a machine that never ran Ray the
+        # head refused to start, and so did every driver (CI's fresh machine, 2026-12-02). Ray's own
+        # command writes ~/.ray/auth_token when there is none and keeps one that is there.
+        subprocess.run([ray_cli, "get-auth-token", "--generate"], env=ray_env(), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
     pin = ["taskset", "-c", str(core)] if core is not None else []
     return subprocess.Popen(pin + [ray_cli, "start", "--block", "--node-ip-address=127.0.0.1", *args],
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, env=ray_env(), start_new_session=True)
