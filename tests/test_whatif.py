@@ -344,3 +344,16 @@ def test_an_epoch_without_workers_is_its_batches_each_made_and_stepped(tmp_path)
     assert w.costs.batches_per_epoch == pytest.approx(4)
     assert w.predictions[0].samples_per_s == pytest.approx(32 / (0.030 + 0.001), rel=0.03)
     assert w.predictions[0].samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
+
+
+def test_the_block_names_the_spin_only_where_there_is_one(tmp_path):
+    from rich.console import Console
+
+    from gpufeed.present.whatif_view import what_if_block
+
+    def block(name, scenario):
+        console = Console(width=200, record=True)
+        console.print(what_if_block(run(tmp_path / name, scenario)))
+        return console.export_text()
+    assert "its 2 threads spin 8.0 ms a step while it waits" in block("spin", SPINNING)
+    assert "spin" not in block("none", dataclasses.replace(SPINNING, train_torch_threads=1))

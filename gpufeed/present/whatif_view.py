@@ -24,7 +24,7 @@ def what_if_block(w: WhatIf | None) -> Group | None:
     lines = [head, Text(f"   per batch: {c.cpu_s * 1e3:.1f} ms CPU + {c.sleep_s * 1e3:.1f} ms asleep in a worker; "
                         f"step {c.compute_s * 1e3:.1f} ms; training process {c.main_cpu_s * 1e3:.1f} ms CPU"
                         + (f", and its {c.step_threads} threads spin {c.spin_s * 1e3:.1f} ms a step while it waits"
-                           if c.spin_s > 0 else ""), style="dim")]
+                           if c.spin_s >= 5e-5 else ""), style="dim")]  # what .1f would print as 0.0: none
     lines.append(Text(f"   ceiling (data always ready): {w.ceiling_samples_per_s:,.0f} samples/s, "
                       f"reached with {w.workers_for_ceiling} worker{'s' if w.workers_for_ceiling != 1 else ''}"
                       + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it "
