@@ -71,7 +71,7 @@ class Profiler:
         if active_probe() is not None:
             raise RuntimeError("gpufeed is already measuring this process (nested profile() or under diagnose)")
         meta = start_record(self.run_dir, [sys.executable] + sys.argv, None, self.warmup_steps)
-        probe = Probe(str(self.run_dir))
+        probe = Probe(str(self.run_dir), warmup_steps=self.warmup_steps)  # its fork probe runs in the warm-up
         note_process(probe)   # its rank too: the callbacks write one record per rank
         patch_torch(probe)
         overrides.patch_dataloader_init(None, report=probe.event)  # where each loader is built, as under diagnose

@@ -239,6 +239,13 @@ WHATIF_HANDOFF_S = 0.0007
 # training processes); a larger process forks slower (page tables are copied).
 WHATIF_WORKER_SPAWN_S = 0.010
 WHATIF_WORKER_STOP_S = 0.007
+# The most a minor page fault costs the step (a copy-on-write fault: the fault and a 4 KiB copy). The
+# probe's fork (measure/inside/forking.py) counts the faults of the two steps it slows; a step that
+# other processes preempted meanwhile took longer without copying more, so the copy-on-write it gives
+# is at most its faults times this. Measured on 2 cores (a VM): 10.5 us a fault in plain torch (the
+# compute-bound model's first step after a fork, 91 ms beyond the step for 8,700 faults) and 7 us in
+# bench/what_if.py's compute-bound record; twice the higher.
+WHATIF_MAX_FAULT_S = 20e-6
 # A sampler interval is contended when other programs kept at least this many cores busy while
 # fewer than WHATIF_CONTENDED_IDLE_CORES stayed idle: the job's steps slow down there (1.3 ms alone,
 # 20-25 ms while another program held a core, in bench/what_if.py's storage run of 2026-11-30 on

@@ -35,6 +35,11 @@ class Scenario:
     worker_torch_threads: int = 1
     train_torch_threads: int | None = None  # the training process's, in its iterator events (None: an older record)
     spin_in_next_s: float | None = None  # num_workers=0: other threads' CPU inside next() (None: no thread_cpu_s)
+    # The probe's fork in the warm-up (a ``fork_probe`` event): the fork's own time, and what the two steps
+    # that ran while its child lived took beyond compute_s (None: no probe, an older record)
+    fork_probe: tuple[float, float, float] | None = None   # (fork_s, first step's extra, second's)
+    default_start_method: str = "fork"
+    multiprocessing_context: str | None = None
     worker_os_threads: int = 4
     worker_status: str = "sleeping"
     worker_cpu_pct: float = 30.0      # each worker, every sample (sampler)
@@ -76,7 +81,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
               "prefetch_factor": sc.prefetch_factor if sc.num_workers else None,
               "persistent_workers": sc.persistent_workers, "batch_size": sc.batch_size, "drop_last": False,
               "dataset_type": "Synthetic", "dataset_len": sc.batch_size * sc.steps_per_epoch, "iterable": False,
-              "sampler": "RandomSampler", "batch_sampler": "BatchSampler", "multiprocessing_context": None}
+              "sampler": "RandomSampler", "batch_sampler": "BatchSampler",
+              "multiprocessing_context": sc.multiprocessing_context}
     if sc.offload is not None:
         config["offload"] = sc.offload
     t_first = t
@@ -110,7 +116,9 @@ def write_run(path: Path, sc: Scenario) -> Path:
                     cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:
                     h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
-                t = t_del + sc.compute_s
+                t = t_del + sc.compute_s + _fork_probe_extra(sc, epoch, i)
+            if sc.fork_probe is not None and not epoch:
+                events.write(_fork_probe_event(sc, rows))
             bounds = [round(k * sc.steps_per_epoch / sc.autotune_pools) for k in range(sc.autotune_pools)]
             for k, (a, b) in enumerate(zip(bounds, bounds[1:] + [sc.steps_per_epoch])):
                 start, end = t_created + sc.startup_s * 0.5, t if b == sc.steps_per_epoch else rows[b - 1][2]
@@ -176,6 +184,23 @@ def write_run(path: Path, sc: Scenario) -> Path:
                                    **sc.sampler_extra})
     write_json_atomic(path / schema.META_FILE, meta.to_dict())
     return path
+
+
+def _fork_probe_extra(sc: Scenario, epoch: int, index: int) -> float:
+    """The probe's fork as measure/inside/forking.py makes it: after the warm-up's 8th batch of 10 (its
+    warmup - 2nd), for two steps. What the step of batch ``index`` takes beyond compute_s."""
+    if sc.fork_probe is None or epoch:
+        return 0.0
+    fork_s, first, second = sc.fork_probe
+    return {sc.warmup_steps - 3: fork_s + first, sc.warmup_steps - 2: second}.get(index, 0.0)
+
+
+def _fork_probe_event(sc: Scenario, rows: list) -> dict:
+    """Its event: forked just after the 8th delivery, its child let go after the warm-up's last."""
+    t_fork = rows[sc.warmup_steps - 3][2] + 1e-5
+    return {"kind": "fork_probe", "pid": MAIN_PID, "child_pid": 99, "t_fork": t_fork,
+            "t_forked": t_fork + sc.fork_probe[0], "t_released": rows[sc.warmup_steps - 1][2] + 1e-5,
+            "steps": 2, "minor_faults": 9000, "default_start_method": sc.default_start_method}
 
 
 def _autotune_settings(sc: Scenario, workers: int) -> dict:

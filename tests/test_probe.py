@@ -296,3 +296,51 @@ def test_a_batch_made_inside_next_splits_the_process_cpu_from_the_threads(tmp_pa
     for _index, _t_request, _t_deliver, _samples, cpu_s, thread_cpu_s in steps:
         assert cpu_s >= 4 * 0.005 * 0.9          # 4 samples, each 5 ms of another thread's CPU
         assert 0 <= thread_cpu_s < 0.5 * cpu_s  # the calling thread only waited for it
+
+
+class Rows(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return torch.zeros(4)
+
+
+def test_the_fork_probe_measures_the_copies_inside_the_warm_up_and_leaves_no_child(tmp_path):
+    """Once per run, two steps before the warm-up ends, the probe forks a child that only waits: the
+    step's writes into the 32 MB it now shares take a page fault each (the what-if model's copy-on-write
+    of each epoch's fork); the child is gone once the warm-up is."""
+    import psutil
+
+    from gpufeed.measure.inside.forking import FORK_PROBE_STEPS
+    written = torch.zeros(8 * 2**20)  # 32 MB, written by every step as parameters are
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=10) as run:
+        for _batch in DataLoader(Rows(), batch_size=2):
+            written.add_(1.0)
+    (probe,) = load_run(run.run_dir).fork_probes
+    assert probe.steps == FORK_PROBE_STEPS
+    assert probe.t_fork < probe.t_forked < probe.t_released
+    assert probe.default_start_method == __import__("multiprocessing").get_all_start_methods()[0]
+    assert probe.minor_faults >= 0.5 * written.numel() * 4 / os.sysconf("SC_PAGE_SIZE")
+    steps = load_run(run.run_dir).iterators[0].steps
+    assert steps.t_deliver[7] <= probe.t_fork < steps.t_request[8]   # after the 8th batch of 10 warm-up ones
+    assert probe.t_released < steps.t_request[10]                    # gone before the measured steps
+    assert not psutil.pid_exists(probe.child_pid)
+
+
+def test_a_run_that_ends_while_the_probes_child_lives_reaps_it(tmp_path):
+    """The loop ends (here after 9 batches) before the probe lets its child go: closing the probe
+    does, and the record keeps the measurement; a warm-up too short to hold the probe runs none."""
+    import psutil
+
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=10) as run:
+        for i, _batch in enumerate(DataLoader(Rows(), batch_size=2)):
+            if i == 8:
+                break
+    (probe,) = load_run(run.run_dir).fork_probes
+    assert probe.t_forked < probe.t_released
+    assert not psutil.pid_exists(probe.child_pid)
+    with gpufeed.profile(out=tmp_path / "short", warmup_steps=4) as short:
+        for _batch in DataLoader(Rows(), batch_size=2):
+            pass
+    assert load_run(short.run_dir).fork_probes == []

@@ -346,14 +346,64 @@ def test_an_epoch_without_workers_is_its_batches_each_made_and_stepped(tmp_path)
     assert w.predictions[0].samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
 
 
-def test_the_block_names_the_spin_only_where_there_is_one(tmp_path):
+def block_text(path, scenario) -> str:
+    """The What-if block of diagnose for this scenario, as the terminal shows it."""
     from rich.console import Console
 
     from gpufeed.present.whatif_view import what_if_block
+    console = Console(width=250, record=True)
+    console.print(what_if_block(run(path, scenario)))
+    return console.export_text()
 
-    def block(name, scenario):
-        console = Console(width=200, record=True)
-        console.print(what_if_block(run(tmp_path / name, scenario)))
-        return console.export_text()
-    assert "its 2 threads spin 8.0 ms a step while it waits" in block("spin", SPINNING)
-    assert "spin" not in block("none", dataclasses.replace(SPINNING, train_torch_threads=1))
+
+def test_the_block_names_the_spin_only_where_there_is_one(tmp_path):
+    assert "its 2 threads spin 8.0 ms a step while it waits" in block_text(tmp_path / "spin", SPINNING)
+    assert "spin" not in block_text(tmp_path / "none", dataclasses.replace(SPINNING, train_torch_threads=1))
+
+
+# A compute-bound run without workers (a 10 ms step, a 1 ms batch) whose probe forked in the warm-up:
+# the fork took 12 ms, and the two steps while its child shared the pages 90 ms and 10 ms beyond the step.
+FORKED = Scenario(num_workers=0, wait_s=0.001, compute_s=0.010, fetch_cpu_s=0.001, host_cpu_pct=50,
+                  steps_per_epoch=100, epochs=3, fork_probe=(0.012, 0.090, 0.010))
+
+
+def test_workers_started_each_epoch_pay_the_copy_on_write_of_their_fork(tmp_path):
+    """Each epoch's fork of non-persistent workers makes the step copy the pages it writes: the probe's
+    fork measured 100 ms of it (and 12 ms to fork this process), and only workers started again each
+    epoch pay it, once an epoch whatever their number."""
+    w = run(tmp_path / "forked", FORKED, workers=4, persistent=False)
+    assert w.costs.cow_s == pytest.approx(0.100, abs=0.002)
+    assert w.costs.spawn_s == pytest.approx(0.012)
+    unforked = run(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None), workers=4, persistent=False)
+    assert unforked.costs.cow_s == 0.0
+    epoch_samples = FORKED.steps_per_epoch * FORKED.batch_size
+    for workers in (1, 4):
+        paid = answer_run(tmp_path / "forked" / "run", workers=workers, persistent=False).predictions[0]
+        not_paid = answer_run(tmp_path / "none" / "run", workers=workers, persistent=False).predictions[0]
+        extra_s = epoch_samples / paid.samples_per_s - epoch_samples / not_paid.samples_per_s
+        assert extra_s == pytest.approx(0.100 + workers * (0.012 - th.WHATIF_WORKER_SPAWN_S), abs=0.004), workers
+        kept = [answer_run(tmp_path / d / "run", workers=workers, persistent=True).predictions[0].samples_per_s
+                for d in ("forked", "none")]
+        assert kept[0] == pytest.approx(kept[1], rel=0.001), workers
+
+
+def test_a_step_preempted_during_the_probe_counts_only_what_its_faults_can_cost(tmp_path):
+    """Workers that took the cores while the probe's child lived made its two steps 200 ms slower, but
+    9,000 page faults cost at most 9,000 x WHATIF_MAX_FAULT_S of that."""
+    preempted = dataclasses.replace(FORKED, fork_probe=(0.012, 0.190, 0.010))
+    w = run(tmp_path, preempted, workers=4, persistent=False)
+    assert w.costs.cow_s == pytest.approx(9000 * th.WHATIF_MAX_FAULT_S)
+
+
+def test_no_copy_on_write_for_workers_that_are_spawned(tmp_path):
+    """A spawned (or forkserver) worker shares no pages with the training process: nothing to copy."""
+    for name, scenario in (("spawn", dataclasses.replace(FORKED, multiprocessing_context="spawn")),
+                           ("forkserver", dataclasses.replace(FORKED, default_start_method="forkserver"))):
+        w = run(tmp_path / name, scenario, workers=4, persistent=False)
+        assert w.costs.cow_s == 0.0, name
+        assert w.costs.spawn_s == pytest.approx(0.012), name
+
+
+def test_the_block_names_the_copy_on_write_where_there_is_one(tmp_path):
+    assert "each fork of workers costs its step 100 ms (copy-on-write)" in block_text(tmp_path / "cow", FORKED)
+    assert "copy-on-write" not in block_text(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None))

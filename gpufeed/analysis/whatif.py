@@ -12,7 +12,9 @@ The model (docs/what-if.md has the formulas and what they assume). Per batch, me
 - ``main_cpu_s`` m: the training process's CPU per step (compute on a CPU-only run, receiving,
   the loop), which competes with the workers for the cores;
 - ``startup_s``: a non-persistent iterator's start-up each epoch (workers forked, their
-  ``worker_init_fn``), ``spawn_s`` of it per worker.
+  ``worker_init_fn``), ``spawn_s`` of it per worker;
+- ``cow_s``: what the step pays after each fork of its workers (copy-on-write of the pages it writes),
+  from the probe's fork in the warm-up.
 
 Batches per second with ``w`` workers on ``C`` cores, in steady state, is the smallest of
 
@@ -76,6 +78,11 @@ class Costs:
     # num_workers=0: of ``cpu_s`` (the process's CPU in next()), what other threads burnt meanwhile; the
     # batch's own time on the training thread is the rest (the loop's serial path). 0 with workers.
     cpu_beside_s: float = 0.0
+    # What the training step pays after its workers are forked, once per fork (each epoch without
+    # persistent workers): the page faults and copies of the pages it writes and now shares with them.
+    # Measured by the probe's fork in the warm-up (``_copy_on_write``); 0 where the run has none, or
+    # where the loader's workers start by spawn or forkserver (they share no pages).
+    cow_s: float = 0.0
 
     def scaled(self, gpu_speedup: float) -> "Costs":
         """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
@@ -93,7 +100,7 @@ class Costs:
         k = 1.0 / cpu_speedup
         return replace(self, cpu_s=self.cpu_s * k, handoff_s=self.handoff_s * k, receive_s=self.receive_s * k,
                        main_cpu_s=self.main_cpu_s * k, spawn_s=self.spawn_s * k, stop_s=self.stop_s * k,
-                       spin_s=self.spin_s * k, cpu_beside_s=self.cpu_beside_s * k,
+                       spin_s=self.spin_s * k, cpu_beside_s=self.cpu_beside_s * k, cow_s=self.cow_s * k,
                        compute_s=self.compute_s if self.cuda else self.compute_s * k,
                        epoch_period_s=None if self.epoch_period_s is None else self.epoch_period_s * k)
 
@@ -232,6 +239,9 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
     startups, spawns, stops, per_epoch = _startup(its, workers)
+    cow, fork_s = _copy_on_write(record, training.pid, its, compute, cfg.get("multiprocessing_context"))
+    if not workers and fork_s is not None:  # this process's own fork, measured: a larger one forks slower
+        spawns = fork_s
     period = _epoch_period(its, m) if workers and not cfg.get("persistent_workers") else None
     handoff = th.WHATIF_HANDOFF_S
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
@@ -248,8 +258,58 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
-                     step_threads=threads, spin_s=spin, cpu_beside_s=beside)
+                     step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow)
     return _Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
+
+
+def _copy_on_write(record: RunRecord, pid: int, its: list, compute: np.ndarray,
+                   start_method: str | None) -> tuple[float, float | None]:
+    """What the step pays after each fork of its workers, and how long this process takes to fork:
+    (cow_s, fork_s), from the probe's fork in the warm-up (``measure/inside/forking.py``).
+
+    The steps that ran while the probe's child shared the pages (the one it forked in, less the fork,
+    and those after) against the window's median step. Measured in plain torch on bench/what_if.py's
+    compute-bound model (2 cores): 70-190 ms in six runs, against 73-128 ms that each epoch's first
+    three steps took beyond the median with one worker started again each epoch. (0, None) without
+    the probe (an older record, a warm-up under 5 steps) or where workers start by spawn or
+    forkserver: such a worker shares no pages."""
+    probe = next((p for p in record.fork_probes if p.pid == pid), None)
+    if probe is None or not len(compute):
+        return 0.0, None
+    fork_s = max(probe.t_forked - probe.t_fork, 0.0)
+    if (start_method or probe.default_start_method) != "fork":
+        return 0.0, fork_s
+    delivered, requested = _step_intervals(its)
+    first = np.flatnonzero((delivered <= probe.t_fork) & (probe.t_fork < requested))
+    if not len(first):
+        return 0.0, fork_s
+    during = slice(int(first[0]), int(first[0]) + probe.steps)
+    steps = requested[during] - delivered[during]
+    excess = float(steps.sum()) - fork_s - len(steps) * float(np.median(compute))
+    if probe.minor_faults is not None:  # a step preempted meanwhile is not copying: at most what its faults cost
+        excess = min(excess, probe.minor_faults * th.WHATIF_MAX_FAULT_S)
+    return max(excess, 0.0), fork_s
+
+
+def _step_intervals(its: list) -> tuple[np.ndarray, np.ndarray]:
+    """Every step's (delivery, next request), in time order: within an iterator, and an epoch's last
+    step up to the next() that ended the epoch (``epoch_end``)."""
+    delivered, requested = [], []
+    for it in its:
+        s = it.steps
+        if not len(s):
+            continue
+        delivered.append(s.t_deliver[:-1])
+        requested.append(s.t_request[1:])
+        ends = [t_request for t_request, _t in it.epoch_ends if t_request >= s.t_deliver[-1]]
+        if ends:
+            delivered.append(s.t_deliver[-1:])
+            requested.append(np.array([min(ends)]))
+    if not delivered:
+        return np.empty(0), np.empty(0)
+    delivered, requested = np.concatenate(delivered), np.concatenate(requested)
+    order = np.argsort(delivered, kind="stable")
+    return delivered[order], requested[order]
 
 
 def _step_threads(its: list) -> int:
@@ -590,7 +650,7 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
         # that part was production, not start-up, and is counted by the steady rate.
         latency = c.cpu_s + c.handoff_s + c.sleep_s
         init = _init_s(c, latency, per_epoch)
-        epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + latency
+        epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + c.cow_s + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
     return per_epoch * c.samples_per_batch / epoch_s, limit
 
@@ -604,7 +664,7 @@ def _init_s(c: Costs, latency: float, per_epoch: float) -> float:
     of waiting where the whole epoch took 1.16 s, bench/what_if.py's far-too-many-workers record)."""
     if c.epoch_period_s is not None:  # measured for non-persistent workers only
         rate, _ = batches_per_s(c, c.workers)
-        counted = (c.spawn_s + c.stop_s) * c.workers + latency + max(per_epoch - 1.0, 0.0) / rate
+        counted = (c.spawn_s + c.stop_s) * c.workers + c.cow_s + latency + max(per_epoch - 1.0, 0.0) / rate
         return max(c.epoch_period_s - counted, 0.0)
     return max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
 

@@ -24,7 +24,9 @@ def what_if_block(w: WhatIf | None) -> Group | None:
     lines = [head, Text(f"   per batch: {c.cpu_s * 1e3:.1f} ms CPU + {c.sleep_s * 1e3:.1f} ms asleep in a worker; "
                         f"step {c.compute_s * 1e3:.1f} ms; training process {c.main_cpu_s * 1e3:.1f} ms CPU"
                         + (f", and its {c.step_threads} threads spin {c.spin_s * 1e3:.1f} ms a step while it waits"
-                           if c.spin_s >= 5e-5 else ""), style="dim")]  # what .1f would print as 0.0: none
+                           if c.spin_s >= 5e-5 else "")  # what .1f would print as 0.0: none
+                        + (f"; each fork of workers costs its step {c.cow_s * 1e3:.0f} ms (copy-on-write)"
+                           if c.cow_s >= 5e-4 else ""), style="dim")]
     lines.append(Text(f"   ceiling (data always ready): {w.ceiling_samples_per_s:,.0f} samples/s, "
                       f"reached with {w.workers_for_ceiling} worker{'s' if w.workers_for_ceiling != 1 else ''}"
                       + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it "

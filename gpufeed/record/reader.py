@@ -73,6 +73,22 @@ class FetchRecord:
 
 
 @dataclass
+class ForkProbeRecord:
+    """The probe's fork in the warm-up (``measure/inside/forking.py``): a child that shared the training
+    process's pages from ``t_forked`` to ``t_released``, while ``steps`` training steps ran."""
+
+    pid: int
+    t_fork: float
+    t_forked: float
+    t_released: float
+    steps: int
+    minor_faults: int | None   # the training process's minor page faults meanwhile (None: not readable)
+    # How a DataLoader without a multiprocessing_context starts its workers in that process
+    default_start_method: str | None = None
+    child_pid: int | None = None   # the child (the sampler may list it among the process's children)
+
+
+@dataclass
 class Samples:
     """The sampler's timeline as arrays (NaN where a reading was missing)."""
 
@@ -126,6 +142,9 @@ class RunRecord:
     offloads: list[dict[str, Any]] = field(default_factory=list)
     # `autotune` events in time order: every decision of --autotune (docs/autotune.md)
     autotune: list[dict[str, Any]] = field(default_factory=list)
+    # `fork_probe` events: what the training step paid while a forked child shared its pages (a merged
+    # record of several nodes keeps none: the what-if model covers one training process)
+    fork_probes: list[ForkProbeRecord] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -235,7 +254,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
-    tf_pipelines, tf_profiles, offloads, autotune = [], [], [], []
+    tf_pipelines, tf_profiles, offloads, autotune, fork_probes = [], [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -278,6 +297,12 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 tf_pipelines.append(ev)
             elif kind == "autotune":
                 autotune.append(ev)
+            elif kind == "fork_probe":
+                fork_probes.append(ForkProbeRecord(pid=pid, t_fork=ev["t_fork"], t_forked=ev["t_forked"],
+                                                   t_released=ev["t_released"], steps=ev["steps"],
+                                                   minor_faults=ev.get("minor_faults"),
+                                                   default_start_method=ev.get("default_start_method"),
+                                                   child_pid=ev.get("child_pid")))
             elif kind == "tf_profile":
                 tf_profiles.append(ev)
                 if ev.get("error"):
@@ -330,7 +355,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
-        autotune=autotune,
+        autotune=autotune, fork_probes=fork_probes,
     )
 
 

@@ -43,6 +43,12 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
               cuda_mem_reserved_peak_b, cuda_mem_total_b
 ``memory``    pid, t, uss_start_b: a DataLoader worker's private memory at its start
+``fork_probe`` pid, child_pid, t_fork, t_forked, t_released, steps, minor_faults, default_start_method
+              (how a DataLoader without a multiprocessing_context starts workers there): once per run, inside
+              the warm-up, the probe forked a child that only waited, from t_forked to t_released,
+              while ``steps`` training steps ran (what they paid in copy-on-write page faults is
+              the cost of each epoch's fork of non-persistent workers); minor_faults, the training
+              process's minor page faults meanwhile (null where not readable)
 ``tf_pipeline`` pid, loader_id, stages, options, cardinality, tf_name, tf_root, tf_stages: a
               TensorFlow process's tf.data pipeline (its iterator and steps events come from
               TensorFlow's profiler trace, kept in tf-profile/<pid>/)

@@ -111,6 +111,8 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
                                           "latency_ms_p50": float | None, "recent_latency_ms_p50": float | None,
                                           "make_ms_p50": float | None, "make_cpu_ms_p50": float | None,
                                           "workers": int | None}),
+    "fork_probe": ({"pid": int, "t_fork": float, "t_forked": float, "t_released": float, "steps": int},
+                   {"child_pid": int, "minor_faults": int | None, "default_start_method": str | None}),
     "autotune": ({"pid": int, "action": str, "t": float},
                  {"where": str, "label": str, "old": dict, "new": dict, "settings": dict, "period": dict}),
 }

@@ -71,6 +71,8 @@ def next_check(probe: Any, steps: int) -> float:
         checks.append(max(steps + 1, probe.warmup_steps + 1))
     if not probe.cuda.seen:
         checks.append(steps + CUDA_CHECK_EVERY)
+    if probe.fork_probe is not None:
+        checks.append(probe.fork_probe.next_at())
     return min(checks)
 
 

@@ -9,6 +9,7 @@ iterators it writes for, and the one place the probe's parts meet:
 - ``lifecycle.py``: the limits, stalls, signals and exit hooks that end the process;
 - ``loaders.py``: each loader's configuration and the samples in its batches;
 - ``proc_memory.py``: /proc memory readers;
+- ``forking.py``: what the step pays after a worker forks (measured once, inside the warm-up);
 - ``iterators.py``: what is kept per iterator; ``patching.py``: patching and unpatching an attribute;
 - ``install.py``: arming all of it from ``probe_config.ProbeConfig`` in the environment.
 
@@ -24,6 +25,7 @@ import time
 from typing import Any
 
 from gpufeed.measure.inside import cuda, lifecycle
+from gpufeed.measure.inside.forking import ForkProbe
 from gpufeed.measure.inside.iterators import IteratorState
 from gpufeed.measure.inside.loaders import FROM_BATCH, describe_batch, describe_error
 from gpufeed.measure.inside.proc_memory import memory_at_exit, private_memory_b
@@ -53,6 +55,7 @@ class Probe:
         self.deadline: float | None = None
         self.warmup_steps = warmup_steps
         self.cuda = cuda.CudaTiming()
+        self.fork_probe = ForkProbe.plan(warmup_steps)
         # The hot path compares one integer; the limits (and whether CUDA came into use) are looked
         # at only from this step on.
         self.check_limits_at = lifecycle.next_check(self, 0)
@@ -117,6 +120,7 @@ class Probe:
         if self.pid != os.getpid() or self._closed:
             return
         self._closed = True
+        self._fork_probe_done(self.fork_probe.release() if self.fork_probe is not None else None)
         self._stop.set()
         self.flush(final=True)
         self._writer.write({"kind": "exit", "pid": self.pid, "t": _clock(), "reason": reason,
@@ -231,9 +235,15 @@ class Probe:
         steps = self.total_steps
         if not self.cuda.seen and self.cuda_in_use():
             self.use_cuda()
+        if self.fork_probe is not None and steps >= self.fork_probe.next_at():
+            self._fork_probe_done(self.fork_probe.on_step(steps))
         if lifecycle.limits_reached(self, steps, now):
             self.steps_reached()
         self.check_limits_at = lifecycle.next_check(self, steps)
+
+    def _fork_probe_done(self, fields: dict | None) -> None:
+        if fields is not None:
+            self.event("fork_probe", **fields)
 
     def steps_reached(self) -> None:
         lifecycle.end_process(self)
