@@ -89,11 +89,13 @@ class Result:
     limits: dict[str, str]
 
 
-def settings_for(workers: int, persistent: bool, threads: int | None) -> LoaderSettings:
+def settings_for(workers: int, persistent: bool) -> LoaderSettings:
+    """The setting as the model predicts it: the workers keep the torch threads the script gives them
+    (a thread cap changes a batch's CPU by what one run cannot show; ``tune`` measures it)."""
     if not workers:
         return LoaderSettings(num_workers=0)
     return LoaderSettings(num_workers=workers, prefetch_factor=2, persistent_workers=persistent,
-                          pin_memory=False, worker_threads=threads)
+                          pin_memory=False)
 
 
 def run_workload(key: str, out: Path, args: argparse.Namespace) -> Result:
@@ -107,10 +109,9 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Result:
         raise KeyboardInterrupt
     base = trials.learn_from_baseline(first)
     points = _points(first.diagnosis, base)
-    threads = _thread_cap(first.diagnosis)
     for _ in range(args.repeats):
         for p in points:
-            run = _timed(trials, settings_for(p.workers, p.persistent, threads), "what-if", speeds)
+            run = _timed(trials, settings_for(p.workers, p.persistent), "what-if", speeds)
             if run.status == INTERRUPTED:
                 raise KeyboardInterrupt
             if run.samples_per_s:
@@ -139,12 +140,6 @@ def _others(m) -> float:
     if m.cpu_cores_busy is None or m.cpu_cores_command is None:
         return 0.0
     return max(m.cpu_cores_busy - m.cpu_cores_command, 0.0)
-
-
-def _thread_cap(diagnosis) -> int | None:
-    """Measure with one thread per worker when the run's workers ran several: the fix the diagnosis
-    gives first (the model predicts the CPU seconds, which a thread cap does not change)."""
-    return 1 if diagnosis.finding("thread_oversubscription") is not None else None
 
 
 def _points(diagnosis, base: LoaderSettings) -> list[Point]:

@@ -407,3 +407,12 @@ def test_no_copy_on_write_for_workers_that_are_spawned(tmp_path):
 def test_the_block_names_the_copy_on_write_where_there_is_one(tmp_path):
     assert "each fork of workers costs its step 100 ms (copy-on-write)" in block_text(tmp_path / "cow", FORKED)
     assert "copy-on-write" not in block_text(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None))
+
+
+def test_settings_keep_the_workers_threads_and_the_block_says_so(tmp_path):
+    """Workers that ran 4 torch threads each: every setting is predicted with 4, and the block says a
+    thread cap is not predicted; workers at torch's default of one thread say nothing of it."""
+    four = dataclasses.replace(STORAGE, worker_torch_threads=4)
+    assert run(tmp_path / "four", four).costs.worker_threads == 4
+    assert "every setting with 4 torch threads in each worker" in block_text(tmp_path / "four-block", four)
+    assert "torch threads in each worker" not in block_text(tmp_path / "one", STORAGE)

@@ -25,8 +25,9 @@ Batches per second with ``w`` workers on ``C`` cores, in steady state, is the sm
 
 and with no workers (the batch made inside next()): min(1 / (c + s + g), (C - o) / (c + m)). Each epoch adds its start-up
 (non-persistent workers: start-up again; persistent: the first batch's latency), amortised over the
-batches of an epoch. ``prefetch_factor`` only smooths bursts, and a thread cap changes no CPU
-seconds: neither moves the prediction. Uncertainty: the same formulas on the per-batch p25 and p75
+batches of an epoch. ``prefetch_factor`` only smooths bursts: it does not move the prediction. Each
+setting is predicted with the workers' torch threads as the run had them: a thread cap changes a
+batch's CPU by what one run cannot show, and is not predicted (``tune`` measures it). Uncertainty: the same formulas on the per-batch p25 and p75
 costs, widened by the run's own noise (its two halves' throughputs).
 """
 from __future__ import annotations
@@ -83,6 +84,9 @@ class Costs:
     # Measured by the probe's fork in the warm-up (``_copy_on_write``); 0 where the run has none, or
     # where the loader's workers start by spawn or forkserver (they share no pages).
     cow_s: float = 0.0
+    # The torch threads each worker ran (``fetches`` events; 1, torch's default in a worker): every setting
+    # is predicted with as many, since a batch's CPU at another count is not in the record.
+    worker_threads: int = 1
 
     def scaled(self, gpu_speedup: float) -> "Costs":
         """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
@@ -153,6 +157,7 @@ class WhatIf:
             "predictions": [p.to_dict() for p in self.predictions],
             "noise": json_safe(self.noise),
             "step_threads": self.costs.step_threads if self.costs else None,
+            "worker_threads": self.costs.worker_threads if self.costs else None,
             "costs_ms": {k: json_safe(None if v is None else v * 1000.0) for k, v in asdict(self.costs).items()
                          if k.endswith("_s")} if self.costs else None,
         }
@@ -258,7 +263,8 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      batches_per_epoch=per_epoch,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
-                     step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow)
+                     step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
+                     worker_threads=_worker_threads(record, training.worker_pids))
     return _Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
 
 
@@ -310,6 +316,12 @@ def _step_intervals(its: list) -> tuple[np.ndarray, np.ndarray]:
     delivered, requested = np.concatenate(delivered), np.concatenate(requested)
     order = np.argsort(delivered, kind="stable")
     return delivered[order], requested[order]
+
+
+def _worker_threads(record: RunRecord, worker_pids: list[int]) -> int:
+    """The torch threads of the run's workers (median; 1 without workers or readings)."""
+    threads = [f.torch_threads for f in record.fetches if f.pid in set(worker_pids) and f.torch_threads]
+    return max(int(np.median(threads)), 1) if threads else 1
 
 
 def _step_threads(its: list) -> int:

@@ -27,6 +27,10 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                            if c.spin_s >= 5e-5 else "")  # what .1f would print as 0.0: none
                         + (f"; each fork of workers costs its step {c.cow_s * 1e3:.0f} ms (copy-on-write)"
                            if c.cow_s >= 5e-4 else ""), style="dim")]
+    if c.worker_threads > 1:
+        lines.append(Text(f"   every setting with {c.worker_threads} torch threads in each worker, as in this run: a thread "
+                          "cap changes a batch's CPU by what one run cannot show (gpufeed tune measures it)",
+                          style="dim"))
     lines.append(Text(f"   ceiling (data always ready): {w.ceiling_samples_per_s:,.0f} samples/s, "
                       f"reached with {w.workers_for_ceiling} worker{'s' if w.workers_for_ceiling != 1 else ''}"
                       + (f" and {w.cores_for_ceiling} core{'s' if w.cores_for_ceiling != 1 else ''} free for it "
