@@ -27,8 +27,9 @@ and with no workers (the batch made inside next()): min(1 / (c + s + g), (C - o)
 (non-persistent workers: start-up again; persistent: the first batch's latency), amortised over the
 batches of an epoch. ``prefetch_factor`` only smooths bursts: it does not move the prediction. Each
 setting is predicted with the workers' torch threads as the run had them: a thread cap changes a
-batch's CPU by what one run cannot show, and is not predicted (``tune`` measures it). Uncertainty: the same formulas on the per-batch p25 and p75
-costs, widened by the run's own noise (its two halves' throughputs).
+batch's CPU by what one run cannot show, and is not predicted (``tune`` measures it).
+Uncertainty: the same formulas on the per-batch p25 and p75 costs, widened by the run's own noise
+(its two halves' throughputs).
 """
 from __future__ import annotations
 

@@ -28,8 +28,8 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                         + (f"; each fork of workers costs its step {c.cow_s * 1e3:.0f} ms (copy-on-write)"
                            if c.cow_s >= 5e-4 else ""), style="dim")]
     if c.worker_threads > 1:
-        lines.append(Text(f"   every setting with {c.worker_threads} torch threads in each worker, as in this run: a thread "
-                          "cap changes a batch's CPU by what one run cannot show (gpufeed tune measures it)",
+        lines.append(Text(f"   every setting with {c.worker_threads} torch threads in each worker, as in this run: "
+                          "a thread cap changes a batch's CPU by what one run cannot show (gpufeed tune measures it)",
                           style="dim"))
     lines.append(Text(f"   ceiling (data always ready): {w.ceiling_samples_per_s:,.0f} samples/s, "
                       f"reached with {w.workers_for_ceiling} worker{'s' if w.workers_for_ceiling != 1 else ''}"

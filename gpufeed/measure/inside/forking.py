@@ -120,10 +120,10 @@ class ForkProbe:
             os.waitpid(self._child, 0)
         except ChildProcessError:
             pass  # reaped already, by a SIGCHLD handler of the user's
-        return {"child_pid": self._child, "default_start_method": _default_start_method(), "t_fork": self._t_fork, "t_forked": self._t_forked,
-                "t_released": t_released, "steps": self.release_at - self.fork_at,
-                "minor_faults": (faults - self._faults if faults is not None and self._faults is not None
-                                 else None)}
+        return {"child_pid": self._child, "default_start_method": _default_start_method(),
+                "t_fork": self._t_fork, "t_forked": self._t_forked, "t_released": t_released,
+                "steps": self.release_at - self.fork_at,
+                "minor_faults": faults - self._faults if faults is not None and self._faults is not None else None}
 
 
 def _default_start_method() -> str | None:
