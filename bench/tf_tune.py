@@ -38,7 +38,7 @@ PY = sys.executable
 WORKLOADS = {
     "storage": ("Keras fit, a sequential map reading through a Python call with 4 ms of storage latency",
                 [PY, str(W / "tf_tune_target.py"), "--epochs", "1000"]),
-    "cpu": ("Keras fit, a sequential random map of 500 TF ops per element (tf_train.py fit_slow_map)",
+    "cpu": ("Keras fit, a sequential random map, 150 rounds of 3 TF ops on a 64 x 64 tile per element (tf_train.py fit_slow_map)",
             [PY, str(W / "tf_train.py"), "fit_slow_map", "1000"]),
 }
 
