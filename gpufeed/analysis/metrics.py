@@ -26,7 +26,7 @@ from gpufeed.analysis.rank_summary import RankSummary
 from gpufeed.analysis.steps import StepSeries, measurement_window
 from gpufeed.record import schema
 from gpufeed.record.cpus import CpuAllowance
-from gpufeed.record.reader import IteratorRecord, RunRecord
+from gpufeed.record.reader import IteratorRecord, RunRecord, mean_per_sample
 from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
 from gpufeed.settings import LoaderSettings
 
@@ -162,12 +162,6 @@ def json_safe(value: Any) -> Any:
 def _pct(values: np.ndarray, q: float) -> float | None:
     values = values[np.isfinite(values)]
     return float(np.percentile(values, q)) if len(values) else None
-
-
-def _row_means(values: np.ndarray) -> np.ndarray:
-    """Each row's mean over its readings; NaN for a row with none (np.nanmean warns there)."""
-    counted = np.isfinite(values).sum(axis=1)
-    return np.divide(np.nansum(values, axis=1), counted, out=np.full(len(values), np.nan), where=counted > 0)
 
 
 def _mean(values: np.ndarray) -> float | None:
@@ -453,7 +447,7 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
     cpu = s.cpu_pct[mask][:, cores]
     per_core = np.nanmean(cpu, axis=0) if cpu.size and np.isfinite(cpu).any() else np.array([])
     m.cpu_util_per_core_pct = [round(float(v), 1) for v in per_core]
-    m.cpu_util_pct = _mean(_row_means(cpu)) if cpu.size else None
+    m.cpu_util_pct = _mean(mean_per_sample(cpu)) if cpu.size else None
     m.cpu_cores_busy = _mean(np.nansum(cpu, axis=1) / 100.0) if cpu.size else None
     m.iowait_pct = _mean(s.iowait_pct[mask])
     m.mem_used_max_b = float(np.nanmax(s.mem_used_b[mask])) if np.isfinite(s.mem_used_b[mask]).any() else None

@@ -107,9 +107,14 @@ class Samples:
     @property
     def cpu_total_pct(self) -> np.ndarray:
         """Busy % over all cores per sample; NaN where no core had a reading (the first sample)."""
-        counted = np.isfinite(self.cpu_pct).sum(axis=1)
-        busy = np.nansum(self.cpu_pct, axis=1)
-        return np.divide(busy, counted, out=np.full(len(self.t), np.nan), where=counted > 0)
+        return mean_per_sample(self.cpu_pct)
+
+
+def mean_per_sample(per_core: np.ndarray) -> np.ndarray:
+    """Each sample's (row's) mean over the cores with a reading; NaN for a sample with none (where
+    np.nanmean would warn)."""
+    counted = np.isfinite(per_core).sum(axis=1)
+    return np.divide(np.nansum(per_core, axis=1), counted, out=np.full(len(per_core), np.nan), where=counted > 0)
 
 
 @dataclass
