@@ -142,6 +142,15 @@ TUNE_CORES_FULL_SHARE = 0.90
 # worker start-up took 10% of a short-epoch run with 1 worker and 49% with 8 (2 cores, cpu_bound.py),
 # and persistent workers lost at 1 worker and won by 27% at 8.
 TUNE_CAUSE_RETRY_FACTOR = 2.0
+# The what-if model's pick, measured, is within this much of what the model predicted for it (relative
+# to your run, beyond the noise): the model is right on this job, and the worker ladder it already
+# searched is not climbed again. Its median error over the what-if bench's 48 settings is 11%, and
+# at most 20% per workload (bench/results/what_if.md, 2026-12-02).
+TUNE_MODEL_AGREEMENT = 0.15
+# ...and the one point past its pick that is still measured has this many times its workers: the next
+# ladder step hides a slow rise within the noise (far-too-many-workers bench, 2026-12-02: the pick 2
+# workers, 4 within the noise of it, 12-16 1.3x faster).
+TUNE_MODEL_CHECK_FACTOR = 4
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
 # tf.data (gpufeed tune on a TensorFlow script): num_parallel_calls tried on the way up, from 2 (the

@@ -38,20 +38,22 @@ def tune(tmp_path: Path, *script_args: str, options: tuple[str, ...] = (), expec
 
 
 def test_tune_finds_more_workers_keeps_failures_and_leaves_other_loaders_alone(tmp_path, browser):
-    out, result = tune(tmp_path, "--workers", "1", "--fail-above", "8", "--steps-per-epoch", "10",
+    out, result = tune(tmp_path, "--workers", "1", "--fail-above", "4", "--steps-per-epoch", "10",
                        options=("--max-workers", "16", "--json", str(tmp_path / "t.json"), "--report"))
     report = json.loads((tmp_path / "t.json").read_text())
     assert report["schema"] == "gpufeed.tune/1"
     assert set(report) >= {"baseline", "best", "trials", "budget_s", "elapsed_s"}
     assert report["baseline"]["config"]["num_workers"] == 1
     best = report["best"]
-    # 3 ms per sample of storage latency: more workers than the 2 cores pay off.
-    assert best["config"]["num_workers"] >= 4, result.stdout
-    assert best["speedup"] > 1.5
+    # 3 ms per sample of storage latency for a 15 ms step: 2 workers or more reach the step's own pace
+    # (the what-if model's ceiling), where 1 cannot.
+    assert best["config"]["num_workers"] >= 2, result.stdout
+    assert best["speedup"] > 1.3
     assert report["site"] == train_site()
-    # Trials above 8 workers crash: recorded with the script's own reason; the search went on.
+    # Trials above 4 workers crash (the climb, or the check at 4x the model's pick, reaches them):
+    # recorded with the script's own reason; the search went on.
     failed = [t for t in report["trials"] if t["status"] == "failed"]
-    assert failed and all(t["config"]["num_workers"] > 8 for t in failed)
+    assert failed and all(t["config"]["num_workers"] > 4 for t in failed), result.stdout
     assert "refusing" in failed[0]["reason"]
     # Every trial's own record shows its settings on the training loader, and the validation loader untouched.
     for trial in report["trials"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 from types import SimpleNamespace
 
@@ -321,11 +322,15 @@ def test_no_workers_is_not_tried_when_the_workers_sleep_through_their_batches():
     assert result.best.settings.num_workers == 32
 
 
-def with_model(workers, persistent=False, **kw):
-    """A diagnosis whose what-if model predicts ``workers`` (and ``persistent``) fastest."""
+def with_model(workers, persistent=False, speedup=1.0, noise=None, **kw):
+    """A diagnosis whose what-if model predicts ``workers`` (and ``persistent``) fastest, ``speedup``
+    times your run's throughput; ``noise``: what the model read from the halves of the run (None:
+    a second run of yours measures it)."""
     diagnosis = fake_diagnosis(**kw)
-    diagnosis.what_if = SimpleNamespace(cannot_predict=None, best=SimpleNamespace(
-        num_workers=workers, persistent_workers=persistent, samples_per_s=1000.0, limit="workers"))
+    diagnosis.what_if = SimpleNamespace(
+        cannot_predict=None, noise=noise, yours=SimpleNamespace(samples_per_s=1000.0),
+        best=SimpleNamespace(num_workers=workers, persistent_workers=persistent, samples_per_s=1000.0 * speedup,
+                             limit="workers"))
     return diagnosis
 
 
@@ -337,6 +342,55 @@ def test_the_model_s_best_is_measured_first_and_saves_the_climb():
     assert modelled.runs[2].num_workers == 32  # right after the two baseline runs
     assert result.best.settings.num_workers == without.best.settings.num_workers == 32
     assert len(modelled.runs) < len(plain.runs)
+
+
+def test_a_confirmed_model_saves_the_ladder():
+    """The model's pick measured as predicted (storage_bound: 32 workers 16x faster than your 2): the
+    ladder is not climbed; deeper prefetch, which the model does not predict, is still measured; the
+    noise comes from the halves of your run, so yours runs once."""
+    confirmed = Workload(storage_bound, noise=0.0, diagnosis=lambda s: with_model(32, speedup=16.0, noise=0.04))
+    result = run_search(confirmed, start(2))
+    assert [(s.num_workers, s.prefetch_factor) for s in confirmed.runs] == [(2, 2), (32, 2), (32, 4)]
+    assert result.best.settings == normalise(start(32, prefetch_factor=4))
+    assert result.noise == pytest.approx(0.04)
+    # Predicted 4x where 16x was measured: the model is wrong about this job, and the ladder is searched.
+    unconfirmed = Workload(storage_bound, noise=0.0, diagnosis=lambda s: with_model(32, speedup=4.0, noise=0.04))
+    run_search(unconfirmed, start(2))
+    assert len(unconfirmed.runs) > len(confirmed.runs)
+    assert any(s.num_workers not in (2, 32) for s in unconfirmed.runs), unconfirmed.runs
+
+
+def test_a_confirmed_pick_short_of_the_peak_is_checked_beyond():
+    """Right at its pick (8 workers, 4x: as measured) but wrong past it: four times the workers (the
+    cap, 32, here) is measured because the loop still waits, it is faster, and the search goes on
+    from there."""
+    short = Workload(storage_bound, noise=0.0, diagnosis=lambda s: with_model(8, speedup=4.0, noise=0.03))
+    result = run_search(short, start(2))
+    assert [s.num_workers for s in short.runs[:3]] == [2, 8, 32]
+    assert result.best.settings.num_workers == 32
+    # A slow rise, 2.5% from the pick to 4x its workers (within the noise, past the tie band): the
+    # search climbs on from there, as a rise over several ladder steps is what it may hide.
+    def slow(s):
+        return 1000.0 * (1 + 0.0125 * math.log2(max(s.num_workers or 0, 1)))
+    rising = Workload(slow, noise=0.0, diagnosis=lambda s: with_model(2, speedup=slow(start(2)) / slow(start(1)),
+                                                                        noise=0.03))
+    result = run_search(rising, start(1))
+    assert [s.num_workers for s in rising.runs[:3]] == [1, 2, 8]
+    assert result.best.settings.num_workers >= 16, rising.runs  # 16 and 32 tie: the cheaper may win
+    # Where the pick no longer waits for data, nothing beyond it is measured.
+    fed = Workload(cpu_bound, noise=0.0, diagnosis=lambda s: with_model(2, speedup=1000 / 300, noise=0.03,
+                                                                        data_wait=0.6 if s.num_workers == 0 else 0.0))
+    result = run_search(fed, start(0))
+    assert [s.num_workers for s in fed.runs] == [0, 2]
+    assert result.best.settings.num_workers == 2
+
+
+def test_a_lone_best_is_not_measured_again():
+    """Nothing within the noise of the best: there is no tie to settle, so no repeat (compute-bound
+    bench: the model names your setting the best, and tune measures it once)."""
+    flat = Workload(lambda s: 1000.0, diagnosis=lambda s: with_model(0, noise=0.05, data_wait=0.0))
+    result = run_search(flat, start(0))
+    assert len(flat.runs) == 1 and result.best is result.baseline
 
 
 def test_a_latency_bound_pick_at_the_top_of_the_ladder_is_not_walked_down():

@@ -5,10 +5,12 @@ The space is ``num_workers`` on a ladder (0, 1, 2, 4, 8, ... refined by 3, 6, 12
 a thread cap of 1 inside workers, and ``pin_memory`` when CUDA is used. Instead of walking that
 grid, the search:
 
-1. measures the user's own configuration twice: its run-to-run spread sets the noise (then the
-   median spread of every configuration measured twice); when the what-if model can predict from
-   that run (``analysis/whatif.py``), measures its best setting next and, if it is faster, climbs
-   from there instead of from the user's configuration;
+1. measures the user's own configuration once, the noise read from its run's two halves (twice,
+   their spread the noise, where the what-if model cannot read the run; then the median spread of
+   every configuration measured twice); when the what-if model can predict from that run
+   (``analysis/whatif.py``), measures its best setting next and, if it is faster, goes on from there
+   instead of from the user's configuration. When the pick measured what the model predicted (and
+   twice its workers are not faster), steps 3 and 4 are skipped: the model searched that ladder;
 2. fixes a cause as soon as a run shows it: the thread cap when workers ran several threads,
    persistent workers when worker start-up cost time. The fix is measured at once, beside the run
    that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
@@ -94,6 +96,10 @@ class Search:
         self.noise = th.TUNE_NOISE_FLOOR
         self.best: Trial | None = None
         self._fixes_tried: dict[str, float] = {}  # setting -> how strong its cause was when last tried
+        self._first_noise: float | None = None  # the baseline run's own, from its two halves
+        # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
+        # None until the model's pick has been measured.
+        self.model_agreement: float | None = None
         self._t0 = clock()
 
     # -- public ------------------------------------------------------------------------------------
@@ -105,7 +111,9 @@ class Search:
             raise BaselineFailed(baseline.reason or "the run of your own configuration failed")
         stopped = None
         try:
-            self._run_once(baseline)  # its spread is the noise every later decision allows for
+            self._first_noise = _run_noise(baseline)
+            if self._first_noise is None:
+                self._run_once(baseline)  # its spread is the noise every later decision allows for
             self._update_noise()
             self.best = baseline
             self._steps(baseline)
@@ -123,7 +131,20 @@ class Search:
         # cause fixed at your worker count first is a run spent where the climb does not stay (storage
         # bench: persistent workers at w2, then the model's w16).
         picked = self._from_model(baseline)
-        self._climb_workers(picked if picked is not None else self._fix_causes(baseline))
+        fixed = baseline if picked is not None else self._fix_causes(baseline)
+        if fixed is not baseline:
+            # A fix kept (the thread cap) changed the costs the model reads: it predicts from that run.
+            picked = self._from_model(fixed)
+        if picked is not None and self._model_confirmed():
+            beyond = self._beyond_the_pick(picked)
+            if beyond is None:
+                # The model chose among every worker count and persistence, and its pick measured as
+                # it predicted: the ladder's other points are what it predicted slower (or tied and
+                # dearer). What it does not predict (deeper prefetch, a fix a run shows) is measured.
+                self._try_changes(self._candidates_changes())
+                return
+            picked = beyond  # wrong past its pick: the climb goes on from the faster point
+        self._climb_workers(picked if picked is not None else fixed)
         self._refine_workers()
         self._no_workers_when_cores_are_full()
         self._other_settings()
@@ -170,7 +191,7 @@ class Search:
         """The typical run-to-run spread of the configurations measured twice: the median, so that
         one disturbed pair of runs does not turn every later comparison into a tie."""
         spreads = [t.spread for t in self.trials.values() if t.spread is not None]
-        measured = statistics.median(spreads) if spreads else 0.0
+        measured = statistics.median(spreads) if spreads else (self._first_noise or 0.0)
         self.noise = min(max(th.TUNE_NOISE_FLOOR, measured), th.TUNE_NOISE_CAP)
 
     # -- comparing, with the noise ---------------------------------------------------------------------
@@ -225,11 +246,43 @@ class Search:
             return None
         trial = self._fix_causes(self._measured(
             settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
+        if trial.ok and start.ok:
+            self.model_agreement = ((trial.samples_per_s / start.samples_per_s)
+                                    / (best.samples_per_s / model.yours.samples_per_s))
         if not self._faster(trial, start):
             return None  # the model was wrong here: climb from your configuration as without it
         if self._faster(trial, self.best):
             self.best = trial
         return trial
+
+    def _model_confirmed(self) -> bool:
+        """Whether the model's pick measured what the model predicted for it, within the model's
+        error and this machine's noise."""
+        return (self.model_agreement is not None
+                and abs(self.model_agreement - 1) <= th.TUNE_MODEL_AGREEMENT + self.noise)
+
+    def _beyond_the_pick(self, picked: Trial) -> Trial | None:
+        """The one check of the model's curve past its pick: four times the workers (at most the cap,
+        and at least twice the pick's), where the pick still waits for data. A model right at its
+        pick can still be wrong past it, and a curve that rises slowly hides within the noise at the
+        next step: on the far-too-many-workers bench the pick (2 persistent workers) measured 0.92 of
+        its prediction, 4 workers were within the noise of it, and 12-16 were 1.3x faster. Returned
+        when faster by more than the noise: the search climbs from there."""
+        pick = picked.settings.num_workers or 0
+        workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, self.max_workers)
+        if not pick or workers < 2 * pick or _waits_for_data(picked) is False:
+            return None
+        beyond = self._measured(self._with_workers(picked, workers),
+                                f"{workers} workers: the loop still waited at the model's {pick}")
+        # Past the tie band, not the noise: the winner is chosen on that band, and a rise this small
+        # at four times the workers is the slow rise the next ladder steps would show.
+        rises = self._beats(beyond, picked) or (beyond.ok and beyond.samples_per_s > picked.samples_per_s * (
+            1 + th.TUNE_TIE_SHARE_OF_NOISE * self.noise))
+        if not rises:
+            return None
+        if self._faster(beyond, self.best):
+            self.best = beyond
+        return beyond
 
     def _climb_workers(self, start: Trial, *, down: bool = True) -> None:
         """Up the ladder while throughput rises; down to the fewest workers that keep up otherwise
@@ -392,7 +445,10 @@ class Search:
             yield "pinned memory: batches go to CUDA", {"pin_memory": True}
 
     def _settle_ties(self) -> None:
-        """Measure each contender within the noise of the best at least twice before choosing."""
+        """Measure each contender within the noise of the best at least twice before choosing (a best
+        with no contender is not repeated: there is no choice to settle)."""
+        if sum(t.ok and self._tied_with_best(t) for t in self.trials.values()) < 2:
+            return
         for trial in sorted(self.trials.values(), key=lambda t: -(t.samples_per_s or 0)):
             if trial.ok and len(trial.runs) < 2 and self._tied_with_best(trial):
                 self._run_once(trial)
@@ -406,6 +462,15 @@ class Search:
         ok = [t for t in self.trials.values() if t.ok]
         tied = [t for t in ok if self._tied_with_best(t, th.TUNE_TIE_SHARE_OF_NOISE)]
         return min(tied, key=lambda t: (self.cheapness(t.settings), t.id))
+
+
+def _run_noise(trial: Trial) -> float | None:
+    """How far the two halves of the trial's run differ (the what-if model's noise), when the model
+    could read the run; a second run of the same settings measures it otherwise."""
+    model = getattr(trial.diagnosis, "what_if", None)
+    if model is None or model.cannot_predict or model.noise is None:
+        return None
+    return model.noise
 
 
 def _waits_for_data(trial: Trial) -> bool | None:
