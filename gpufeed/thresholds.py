@@ -147,10 +147,11 @@ TUNE_CAUSE_RETRY_FACTOR = 2.0
 # searched is not climbed again. Its median error over the what-if bench's 48 settings is 11%, and
 # at most 20% per workload (bench/results/what_if.md, 2026-12-02).
 TUNE_MODEL_AGREEMENT = 0.15
-# ...and the one point past its pick that is still measured has this many times its workers: the next
-# ladder step hides a slow rise within the noise (far-too-many-workers bench, 2026-12-02: the pick 2
-# workers, 4 within the noise of it, 12-16 1.3x faster).
-TUNE_MODEL_CHECK_FACTOR = 4
+# ...and the one point past its pick that is still measured has this many times its workers (at most
+# the cap): nearer points hide a slow rise in the noise, or a dip. Far-too-many-workers bench,
+# 2026-12-02: the model's pick 2 persistent workers (its predictions flat up to 16), measured 668-688
+# samples/s; 4 workers within the noise of it, 8 workers 637-660, 16 workers 773-786.
+TUNE_MODEL_CHECK_FACTOR = 8
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
 # tf.data (gpufeed tune on a TensorFlow script): num_parallel_calls tried on the way up, from 2 (the

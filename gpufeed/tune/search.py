@@ -262,12 +262,12 @@ class Search:
                 and abs(self.model_agreement - 1) <= th.TUNE_MODEL_AGREEMENT + self.noise)
 
     def _beyond_the_pick(self, picked: Trial) -> Trial | None:
-        """The one check of the model's curve past its pick: four times the workers (at most the cap,
-        and at least twice the pick's), where the pick still waits for data. A model right at its
-        pick can still be wrong past it, and a curve that rises slowly hides within the noise at the
-        next step: on the far-too-many-workers bench the pick (2 persistent workers) measured 0.92 of
-        its prediction, 4 workers were within the noise of it, and 12-16 were 1.3x faster. Returned
-        when faster by more than the noise: the search climbs from there."""
+        """The one check of the model's curve past its pick: ``TUNE_MODEL_CHECK_FACTOR`` times the
+        workers (at most the cap, and at least twice the pick's), where the pick still waits for data.
+        A model right at its pick can still be wrong past it, and nearer points hide a slow rise in
+        the noise, or a dip: on the far-too-many-workers bench the pick (2 persistent workers)
+        measured as predicted, 4 and 8 workers were no faster, and 16 were 1.15x faster. Returned
+        when it rises past the tie band: the search climbs from there."""
         pick = picked.settings.num_workers or 0
         workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, self.max_workers)
         if not pick or workers < 2 * pick or _waits_for_data(picked) is False:
