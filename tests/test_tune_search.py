@@ -322,7 +322,7 @@ def test_no_workers_is_not_tried_when_the_workers_sleep_through_their_batches():
     assert result.best.settings.num_workers == 32
 
 
-def with_model(workers, persistent=False, speedup=1.0, noise=None, **kw):
+def with_model(workers, persistent=False, speedup=1.0, noise=None, limit="workers", **kw):
     """A diagnosis whose what-if model predicts ``workers`` (and ``persistent``) fastest, ``speedup``
     times your run's throughput; ``noise``: what the model read from the halves of the run (None:
     a second run of yours measures it)."""
@@ -330,7 +330,7 @@ def with_model(workers, persistent=False, speedup=1.0, noise=None, **kw):
     diagnosis.what_if = SimpleNamespace(
         cannot_predict=None, noise=noise, yours=SimpleNamespace(samples_per_s=1000.0),
         best=SimpleNamespace(num_workers=workers, persistent_workers=persistent, samples_per_s=1000.0 * speedup,
-                             limit="workers"))
+                             limit=limit))
     return diagnosis
 
 
@@ -384,6 +384,19 @@ def test_a_confirmed_pick_short_of_the_peak_is_checked_beyond():
     result = run_search(fed, start(0))
     assert [s.num_workers for s in fed.runs] == [0, 2]
     assert result.best.settings.num_workers == 2
+
+
+def test_a_compute_bound_pick_that_still_waits_for_data_is_not_trusted():
+    """12 workers, as fast as predicted, but the model calls them compute-bound while the loop still
+    waits for data: the model is wrong about why, so the ladder is searched (16 workers measured).
+    The same pick called workers-bound is trusted (no check: 8x its workers is past the cap)."""
+    runs = {}
+    for limit in ("workers", "compute"):
+        workload = Workload(storage_bound, noise=0.0, diagnosis=lambda s, limit=limit: with_model(
+            12, speedup=6.0, noise=0.03, limit=limit))
+        run_search(workload, start(2), max_workers=16)
+        runs[limit] = {s.num_workers for s in workload.runs}
+    assert 16 not in runs["workers"] and 16 in runs["compute"], runs
 
 
 def test_a_lone_best_is_not_measured_again():
