@@ -21,13 +21,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpufeed.analysis import analyze  # noqa: E402
-from gpufeed.record import schema  # noqa: E402
 from gpufeed.record.reader import load_meta  # noqa: E402
 from gpufeed.settings import LoaderSettings  # noqa: E402
+from gpufeed.trials.engine import ENDED_WELL  # noqa: E402
 from gpufeed.tune.result import FAILED, OK, TrialRun  # noqa: E402
 from gpufeed.tune.search import Search, normalise  # noqa: E402
-
-ENDED_WELL = (schema.END_COMPLETED, schema.END_STEPS_REACHED)
 
 
 @dataclass
@@ -86,8 +84,6 @@ def load(workload_dir: Path) -> tuple[LoaderSettings, dict[str, Recorded], float
 
 def replay(workload_dir: Path, max_workers: int, log: bool) -> str:
     baseline, recorded, grid_s = load(workload_dir)
-    for r in recorded.values():
-        r.served = 0
     asked: list[str] = []
 
     def measure(settings: LoaderSettings, why: str) -> TrialRun:

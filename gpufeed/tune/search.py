@@ -10,7 +10,8 @@ grid, the search:
    every configuration measured twice); when the what-if model can predict from that run
    (``analysis/whatif.py``), measures its best setting next and, if it is faster, goes on from there
    instead of from the user's configuration. When the pick measured what the model predicted (and
-   twice its workers are not faster), steps 3 and 4 are skipped: the model searched that ladder;
+   ``TUNE_MODEL_CHECK_FACTOR`` times its workers are not faster), steps 3 and 4 are skipped: the
+   model searched that ladder;
 2. fixes a cause as soon as a run shows it: the thread cap when workers ran several threads,
    persistent workers when worker start-up cost time. The fix is measured at once, beside the run
    that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
@@ -96,7 +97,6 @@ class Search:
         self.noise = th.TUNE_NOISE_FLOOR
         self.best: Trial | None = None
         self._fixes_tried: dict[str, float] = {}  # setting -> how strong its cause was when last tried
-        self._first_noise: float | None = None  # the baseline run's own, from its two halves
         # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
         # None until the model's pick has been measured.
         self.model_agreement: float | None = None
@@ -112,8 +112,7 @@ class Search:
             raise BaselineFailed(baseline.reason or "the run of your own configuration failed")
         stopped = None
         try:
-            self._first_noise = _run_noise(baseline)
-            if self._first_noise is None:
+            if _run_noise(baseline) is None:
                 self._run_once(baseline)  # its spread is the noise every later decision allows for
             self._update_noise()
             self.best = baseline
@@ -192,7 +191,7 @@ class Search:
         """The typical run-to-run spread of the configurations measured twice: the median, so that
         one disturbed pair of runs does not turn every later comparison into a tie."""
         spreads = [t.spread for t in self.trials.values() if t.spread is not None]
-        measured = statistics.median(spreads) if spreads else (self._first_noise or 0.0)
+        measured = statistics.median(spreads) if spreads else (_run_noise(self.trials[self.baseline_settings]) or 0.0)
         self.noise = min(max(th.TUNE_NOISE_FLOOR, measured), th.TUNE_NOISE_CAP)
 
     # -- comparing, with the noise ---------------------------------------------------------------------
@@ -282,7 +281,7 @@ class Search:
         beyond = self._measured(self._with_workers(picked, workers),
                                 f"{workers} workers: the loop still waited at the model's {pick}")
         # Past the tie band, not the noise: the winner is chosen on that band, and a rise this small
-        # at four times the workers is the slow rise the next ladder steps would show.
+        # this far out is the slow rise the next ladder steps would show.
         rises = self._beats(beyond, picked) or (beyond.ok and beyond.samples_per_s > picked.samples_per_s * (
             1 + th.TUNE_TIE_SHARE_OF_NOISE * self.noise))
         if not rises:
