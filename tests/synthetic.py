@@ -44,6 +44,7 @@ class Scenario:
     worker_status: str = "sleeping"
     worker_cpu_pct: float = 30.0      # each worker, every sample (sampler)
     host_cpu_pct: float = 40.0        # every core, every sample
+    train_cpu_pct: float = 100.0      # the training process, every sample (sampler)
     cuda: bool = False
     gpu_idle_s: float | None = None   # per step, from CUDA events (None: idle through the whole wait)
     h2d_host_s: float | None = None   # per step, pageable copy: the host's time in .to()
@@ -53,7 +54,13 @@ class Scenario:
     stall_s: float | None = None
     end_reason: str = schema.END_COMPLETED
     warmup_steps: int = 10
-    extra_loaders: list[dict] = field(default_factory=list)
+    # Evaluation passes (a Trainer's eval_steps): after every ``eval_every`` training steps, an evaluation
+    # loader's iterator of 4 batches taking ``eval_s`` in all, ``eval_stop_s`` more in the next() that
+    # ends it (its workers shut down: an ``epoch_end`` event), and 1 ms before training goes on; None: no
+    # evaluation.
+    eval_every: int | None = None
+    eval_s: float = 0.1
+    eval_stop_s: float = 0.0
     # Several GPUs: NVML readings of GPUs 1.. (the job's is 0), the job's pids in NVML's process list
     # or not (containers, MIG), the probe's `cuda_device` event and the sampler's device list.
     other_gpu_utils: list[float] = field(default_factory=list)
@@ -117,6 +124,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 if sc.h2d_host_s is not None:
                     h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
                 t = t_del + sc.compute_s + _fork_probe_extra(sc, epoch, i)
+                if sc.eval_every and (i + 1) % sc.eval_every == 0:
+                    t = _evaluation_pass(events, sc, t, 1000 + epoch * sc.steps_per_epoch + i)
             if sc.fork_probe is not None and not epoch:
                 events.write(_fork_probe_event(sc, rows))
             bounds = [round(k * sc.steps_per_epoch / sc.autotune_pools) for k in range(sc.autotune_pools)]
@@ -186,6 +195,25 @@ def write_run(path: Path, sc: Scenario) -> Path:
     return path
 
 
+def _evaluation_pass(events: JsonlWriter, sc: Scenario, t: float, iter_id: int) -> float:
+    """An evaluation loader's pass from ``t`` (4 batches in ``eval_s``, then its workers' shutdown);
+    returns when it ended."""
+    events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": iter_id, "loader_id": 1, "t_created": t,
+                  "t_ready": t + 0.001, "worker_pids": [], "role": schema.ROLE_EVAL,
+                  "config": {"num_workers": 0, "pin_memory": False, "prefetch_factor": None,
+                             "persistent_workers": False, "batch_size": sc.batch_size, "drop_last": False,
+                             "dataset_type": "Eval", "dataset_len": 4 * sc.batch_size, "iterable": False,
+                             "sampler": "SequentialSampler", "batch_sampler": "BatchSampler",
+                             "multiprocessing_context": None}})
+    each = sc.eval_s / 4
+    events.write({"kind": "steps", "pid": MAIN_PID, "iter_id": iter_id,
+                  "rows": [[k, t + k * each, t + (k + 0.5) * each, sc.batch_size, None] for k in range(4)]})
+    last = t + 3.5 * each
+    events.write({"kind": "epoch_end", "pid": MAIN_PID, "iter_id": iter_id, "t_request": last + 0.5 * each,
+                  "t": last + 0.5 * each + sc.eval_stop_s})
+    return t + sc.eval_s + sc.eval_stop_s + 0.001  # the Trainer's own work after the pass
+
+
 def _fork_probe_extra(sc: Scenario, epoch: int, index: int) -> float:
     """The probe's fork as measure/inside/forking.py makes it: after the warm-up's 8th batch of 10 (its
     warmup - 2nd), for two steps. What the step of batch ``index`` takes beyond compute_s."""
@@ -237,7 +265,7 @@ def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list
     writer = JsonlWriter(path / schema.SAMPLES_FILE)
     lines, t, k = [], t0, 0
     while t <= t1:
-        procs = [[MAIN_PID, 1, 100.0, 6, "running", 500 * 2**20]]
+        procs = [[MAIN_PID, 1, sc.train_cpu_pct, 6, "running", 500 * 2**20]]
         procs += [[w, MAIN_PID, sc.worker_cpu_pct, sc.worker_os_threads, sc.worker_status, 200 * 2**20]
                   for w in workers]
         gpus = []

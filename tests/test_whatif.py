@@ -8,7 +8,7 @@ import pytest
 
 from gpufeed import thresholds as th
 from gpufeed.analysis import analyze
-from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, LIMIT_WORKERS, answer_run
+from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, LIMIT_WORKERS, answer_run, samples_per_s
 from tests.synthetic import Scenario, write_run
 
 # Workers asleep 95% of a 100 ms fetch (5 ms CPU), a 10 ms step, the training process busy 100%.
@@ -416,3 +416,50 @@ def test_settings_keep_the_workers_threads_and_the_block_says_so(tmp_path):
     assert run(tmp_path / "four", four).costs.worker_threads == 4
     assert "every setting with 4 torch threads in each worker" in block_text(tmp_path / "four-block", four)
     assert "torch threads in each worker" not in block_text(tmp_path / "one", STORAGE)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_evaluation_passes_are_not_the_training_steps(tmp_path, persistent):
+    """A Trainer evaluating every 10 steps: each pass (0.1 s, then 80 ms shutting its workers down in the
+    next() that ends it) pauses training. The run's rate leaves the passes out, and so does every cost
+    of the model: the step, and the epoch period of workers started again each epoch."""
+    epochs = 1 if persistent else 4  # (the generator gives each epoch new workers)
+    scenario = dataclasses.replace(STORAGE, persistent_workers=persistent, epochs=epochs, steps_per_epoch=240 // epochs,
+                                   stop_s=0.02, eval_every=10, eval_s=0.1, eval_stop_s=0.08)
+    w = run(tmp_path, scenario)
+    d = analyze(tmp_path / "run")
+    assert d.metrics.compute_per_batch_ms == pytest.approx(10.1, rel=0.02)  # the step and 1 ms after each pass
+    assert w.costs.compute_s == pytest.approx(0.010, rel=0.02)
+    yours = w.predictions[0]
+    assert yours.samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
+    if not persistent:  # 60 steps of 50 ms and the 50 ms start-up: the six passes in it are not the epoch's
+        assert w.costs.epoch_period_s == pytest.approx(60 * 0.050 + 0.05 + 0.02, rel=0.02)
+
+
+# num_workers=0, a batch that sleeps 49 ms (storage) on 1 ms of the training thread's CPU, while the step's
+# other torch thread spins 9 ms (the process's CPU in next(): 10 ms). The Hugging Face Trainer script of
+# tests/real read so: 1.4 ms on the thread, 9.3 ms beside it, and its workers then spent 1.0-1.6 ms a batch.
+ASLEEP_SPINNING = dataclasses.replace(CPU_BOUND, wait_s=0.050, fetch_cpu_s=0.001, spin_in_next_s=0.009,
+                                      train_torch_threads=2, train_cpu_pct=25, host_cpu_pct=15)
+
+
+def test_a_batch_made_in_a_worker_costs_its_own_cpu_not_the_spin_beside_it(tmp_path):
+    """Of the other thread's 9 ms, at most as much as the training thread's own 1 ms can be the batch's
+    parallel work (a region splits it evenly); the rest is the step's idle thread spinning, which the
+    spin term counts for settings with workers, not each worker's batch."""
+    w = run(tmp_path, ASLEEP_SPINNING, workers=16, persistent=True)
+    c = w.costs
+    assert c.cpu_s == pytest.approx(0.010) and c.worker_cpu_s == pytest.approx(0.002)
+    sixteen = w.predictions[0]
+    # 16 workers, each 2 ms of CPU + 0.7 ms handing off + 49 ms asleep a batch: about 310 batches/s, and
+    # 2 cores hold most of it (the 1 ms step, preempted, a little less); at 10 ms of CPU a batch, not half.
+    workers_bound = 16 / (0.002 + th.WHATIF_HANDOFF_S + 0.049) * 32
+    assert 0.85 * workers_bound < sixteen.samples_per_s <= 1.01 * workers_bound
+    spin_as_the_batchs, limit = samples_per_s(dataclasses.replace(c, worker_cpu_s=None), 16, True)
+    assert limit == LIMIT_CORES and spin_as_the_batchs < 0.5 * sixteen.samples_per_s
+    # The run's own setting still makes its batch on the training thread, the spin beside it.
+    assert w.measured_samples_per_s == pytest.approx(answer_run(tmp_path / "run").predictions[0].samples_per_s,
+                                                     rel=0.03)
+    # Where the other thread's CPU is no more than the batch's own, it is the batch's (as before).
+    spinning = run(tmp_path / "cpu", SPINNING, workers=2, persistent=True).costs
+    assert spinning.worker_cpu_s == pytest.approx(spinning.cpu_s) == pytest.approx(0.030)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, evaluation_pauses, json_safe
 from gpufeed.record.reader import RunRecord
 from gpufeed.record.rows import FetchRows, StepRows
 
@@ -80,6 +80,9 @@ class Costs:
     # num_workers=0: of ``cpu_s`` (the process's CPU in next()), what other threads burnt meanwhile; the
     # batch's own time on the training thread is the rest (the loop's serial path). 0 with workers.
     cpu_beside_s: float = 0.0
+    # num_workers=0: what the batch would cost a worker (``_worker_cpu``); None: ``cpu_s``, which a run
+    # with workers measured in them.
+    worker_cpu_s: float | None = None
     # What the training step pays after its workers are forked, once per fork (each epoch without
     # persistent workers): the page faults and copies of the pages it writes and now shares with them.
     # Measured by the probe's fork in the warm-up (``_copy_on_write``); 0 where the run has none, or
@@ -106,6 +109,7 @@ class Costs:
         return replace(self, cpu_s=self.cpu_s * k, handoff_s=self.handoff_s * k, receive_s=self.receive_s * k,
                        main_cpu_s=self.main_cpu_s * k, spawn_s=self.spawn_s * k, stop_s=self.stop_s * k,
                        spin_s=self.spin_s * k, cpu_beside_s=self.cpu_beside_s * k, cow_s=self.cow_s * k,
+                       worker_cpu_s=None if self.worker_cpu_s is None else self.worker_cpu_s * k,
                        compute_s=self.compute_s if self.cuda else self.compute_s * k,
                        epoch_period_s=None if self.epoch_period_s is None else self.epoch_period_s * k)
 
@@ -198,10 +202,15 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     its = [it for it in record.iterators if training.owns(it)]  # a loader rebuilt each epoch: all its builds
     steps = StepRows.concat(it.steps for it in its)
     steps = steps[np.argsort(steps.t_request, kind="stable")]
-    spans = _quiet_spans(record, m, steps)
+    # Evaluation passes are not the training step's: metrics leave them out of the run's time and
+    # rate, and so does every cost here (the HF Trainer script of tests/real evaluating every 8 steps
+    # read a 12.9 ms step whose own mean was 6.1 ms, and a ceiling of a third of what was measured).
+    pauses = np.array(evaluation_pauses(record, its, m.window_start_t, m.window_end_t), dtype=float).reshape(-1, 2)
+    spans = _minus(_quiet_spans(record, m, steps), pauses)
     in_window = steps[_within(steps.t_request, spans)]
     workers = int(m.num_workers or 0)
     beside = 0.0  # num_workers=0: other threads' CPU inside next() (``_cpu_beside``)
+    in_worker = None  # num_workers=0: the batches' CPU as a worker would spend it (``_worker_cpu``)
 
     if workers:
         rows = FetchRows.concat(f.rows for f in record.fetches if f.pid in set(training.worker_pids))
@@ -228,9 +237,10 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                                 f"the model needs {th.WHATIF_MIN_TIMED_BATCHES}")
         wall, cpu = in_window.wait, timed.cpu_s
         beside = _cpu_beside(timed)
+        in_worker = _worker_cpu(timed, _step_threads(its))
         asleep = np.clip(wall - (cpu.mean() - beside), 0.0, None)  # off the training thread's CPU
         receive = 0.0
-    compute = _compute_times(its, spans)
+    compute = _compute_times(its, spans, pauses)
     if len(compute) < 2:
         raise CannotPredict("too few steps with a measured compute time")
 
@@ -248,7 +258,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     cow, fork_s = _copy_on_write(record, training.pid, its, compute, cfg.get("multiprocessing_context"))
     if not workers and fork_s is not None:  # this process's own fork, measured: a larger one forks slower
         spawns = fork_s
-    period = _epoch_period(its, m) if workers and not cfg.get("persistent_workers") else None
+    period = _epoch_period(its, m, pauses) if workers and not cfg.get("persistent_workers") else None
     handoff = th.WHATIF_HANDOFF_S
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
         measured = _handoff(record, set(training.worker_pids), rows, spans)
@@ -265,6 +275,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
+                     worker_cpu_s=None if in_worker is None else _q(in_worker, q),
                      worker_threads=_worker_threads(record, training.worker_pids))
     return _Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
 
@@ -344,6 +355,30 @@ def _cpu_beside(timed: StepRows) -> float:
     own = timed.cpu_s - timed.thread_cpu_s
     own = own[np.isfinite(own)]
     return max(float(own.mean()), 0.0) if len(own) else 0.0
+
+
+def _worker_cpu(timed: StepRows, threads: int) -> np.ndarray | None:
+    """``num_workers=0``: each timed batch's CPU as a worker (one torch thread) would spend it: the
+    training thread's own CPU in next() and, of what the process's other threads burnt meanwhile, at
+    most ``threads - 1`` times as much. A parallel region splits its work evenly over the threads, so
+    more than that is not the batch's work but the step's idle threads spinning, which ``spin_s``
+    counts apart. Where the batch is mostly sleep the difference is large: the Hugging Face Trainer
+    script of tests/real (48 ms asleep, 1.4 ms on the thread) burnt 9.3 ms a batch on its other
+    thread, and its batches measured 1.0-1.6 ms of a worker's CPU (w8 persistent). None in older
+    records, which lack the thread's own CPU."""
+    own = timed.thread_cpu_s
+    if not np.isfinite(own).any():
+        return None
+    others = np.clip(timed.cpu_s - own, 0.0, None)
+    return np.where(np.isfinite(own), own + np.minimum(others, max(threads - 1, 0) * own), timed.cpu_s)
+
+
+def _in_workers(c: Costs) -> Costs:
+    """The costs for a setting with workers: from a ``num_workers=0`` record, the batch's CPU as a worker
+    would spend it, and no other threads beside it."""
+    if c.worker_cpu_s is None:
+        return c
+    return replace(c, cpu_s=c.worker_cpu_s, cpu_beside_s=0.0, worker_cpu_s=None)
 
 
 def _alone(c: Costs) -> Costs:
@@ -458,15 +493,39 @@ def _span_s(spans: np.ndarray) -> float:
     return float((spans[:, 1] - spans[:, 0]).sum())
 
 
-def _compute_times(its: list, spans: np.ndarray) -> np.ndarray:
-    """Delivery to the next request of the same iterator: the step's own time."""
+def _compute_times(its: list, spans: np.ndarray, pauses: np.ndarray) -> np.ndarray:
+    """Delivery to the next request of the same iterator: the step's own time, less the evaluation
+    passes that paused it."""
     out = []
     for it in its:
         s = it.steps
         if len(s) < 2:
             continue
-        out.append((s.t_request[1:] - s.t_deliver[:-1])[_within(s.t_request[:-1], spans)])
+        start, end = s.t_deliver[:-1], s.t_request[1:]
+        own = end - start - _overlap(start, end, pauses)
+        out.append(own[_within(s.t_request[:-1], spans)])
     return np.concatenate(out) if out else np.empty(0)
+
+
+def _overlap(start: np.ndarray, end: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """How long each interval (start, end) overlaps the ``spans`` (rows of start, end; few)."""
+    return sum((np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None) for a, b in spans),
+               np.zeros(len(start)))
+
+
+def _minus(spans: np.ndarray, holes: np.ndarray) -> np.ndarray:
+    """The ``spans`` with the ``holes`` cut out (both rows of start, end, in time order, disjoint)."""
+    out = []
+    for a, b in spans:
+        for h0, h1 in holes:
+            if h1 <= a or h0 >= b:
+                continue
+            if h0 > a:
+                out.append((a, h0))
+            a = max(a, h1)
+        if b > a:
+            out.append((a, b))
+    return np.array(out, dtype=float).reshape(-1, 2)
 
 
 def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: StepRows,
@@ -542,12 +601,16 @@ def _wait_until(steps: StepRows, x: np.ndarray) -> np.ndarray:
     return total
 
 
-def _epoch_period(its: list, m: Metrics) -> float | None:
+def _epoch_period(its: list, m: Metrics, pauses: np.ndarray) -> float | None:
     """The median time from one iterator's creation to the next's (an epoch of non-persistent workers,
-    start-up and shutdown included), over the epochs that began in the window; None with too few."""
-    created = sorted(it.t_created for it in its if len(it.steps) and m.window_start_t <= it.t_created <= m.window_end_t)
-    periods = np.diff(created)
-    return float(np.median(periods)) if len(periods) >= th.WHATIF_MIN_EPOCH_PERIODS else None
+    start-up and shutdown included), less the evaluation passes in it, over the epochs that began in
+    the window; None with too few."""
+    created = np.array(sorted(it.t_created for it in its
+                              if len(it.steps) and m.window_start_t <= it.t_created <= m.window_end_t))
+    if len(created) - 1 < th.WHATIF_MIN_EPOCH_PERIODS:  # periods between creations
+        return None
+    periods = np.diff(created) - _overlap(created[:-1], created[1:], pauses)
+    return float(np.median(periods))
 
 
 def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
@@ -583,6 +646,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
                   LIMIT_CORES: free / max(c.cpu_s + c.main_cpu_s, 1e-9)}
         limit = min(bounds, key=bounds.get)
         return bounds[limit], limit
+    c = _in_workers(c)
     bounds = _worker_bounds(c, workers, free)
     stall, spin = _preempted_step(c, workers, free, 1.0 / min(bounds.values()))
     if stall:
@@ -658,6 +722,7 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
     if workers == 0:  # no start-up: the epoch's first batch is made like every other
         epoch_start = 1.0 / rate
     else:
+        c = _in_workers(c)
         # Started again, the workers fork one by one (spawn each), run the user's worker_init_fn (the
         # rest of the measured start-up) and make their first batches all at once, sharing the cores:
         # that part was production, not start-up, and is counted by the steady rate.
@@ -732,7 +797,7 @@ def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
 def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[int, int]:
     """Fewest workers, and cores, whose bounds reach the ceiling (each batch one worker for c + s;
     every batch's CPU, the workers' and the training process's, on the cores)."""
-    c = c.scaled(gpu_speedup)
+    c = _in_workers(c.scaled(gpu_speedup))
     rate = 1.0 / max(c.compute_s + c.receive_s, 1e-9)
     return (max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.sleep_s) - 1e-9)),
             max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))
