@@ -144,8 +144,8 @@ TUNE_CORES_FULL_SHARE = 0.90
 TUNE_CAUSE_RETRY_FACTOR = 2.0
 # The what-if model's pick, measured, is within this much of what the model predicted for it (relative
 # to your run, beyond the noise): the model is right on this job, and the worker ladder it already
-# searched is not climbed again. Its median error over the what-if bench's 48 settings is 11%, and
-# at most 20% per workload (bench/results/what_if.md, 2026-12-02).
+# searched is not climbed again. Its median error over the what-if bench's 48 settings is 7.7-11% (the
+# last two runs), and at most 20% per workload (bench/results/what_if.md, 2026-12-02 07:01 and 16:31).
 TUNE_MODEL_AGREEMENT = 0.15
 # ...and the one point past its pick that is still measured has this many times its workers (at most
 # the cap): nearer points hide a slow rise in the noise, or a dip. Far-too-many-workers bench,

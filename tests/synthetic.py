@@ -294,6 +294,8 @@ class RankSpec:
     batch_size: int = 32
     gpu_util: list[float] | None = None  # NVML readings of its GPU, cycled
     end: str | None = "exit"          # its exit event's reason; None: no exit event (killed)
+    batch_cpu_s: float | None = None  # the CPU of each batch made in next(), timed one step in 8 (None: untimed)
+    cpu_pct: float = 90.0             # the training process's CPU, every sampler reading
 
 
 def write_ddp_run(path: Path, ranks: list[RankSpec], steps: int = 100, synchronized: bool = True,
@@ -311,7 +313,7 @@ def write_ddp_run(path: Path, ranks: list[RankSpec], steps: int = 100, synchroni
             clocks = [max(clocks)] * len(ranks)
         step_end = max(c + r.wait_s + r.compute_s for c, r in zip(clocks, ranks))
         for i, r in enumerate(ranks):
-            rows[i].append([k, clocks[i], clocks[i] + r.wait_s, r.batch_size, None])
+            rows[i].append([k, clocks[i], clocks[i] + r.wait_s, r.batch_size, r.batch_cpu_s if k % 8 == 0 else None])
             clocks[i] = step_end if synchronized else clocks[i] + r.wait_s + r.compute_s
     t_end = max(clocks)
     for i, r in enumerate(ranks):
@@ -336,8 +338,8 @@ def write_ddp_run(path: Path, ranks: list[RankSpec], steps: int = 100, synchroni
                  "mem_total_b": 16 * 2**30, "procs": {str(pid_base + i): 2**30}}
                 for i, r in enumerate(ranks) if r.gpu_util]
         lines.append({"t": t, "cpu_pct": [40.0, 40.0], "iowait_pct": 0.0, "mem_used_b": 8 * 2**30,
-                      "mem_total_b": 24 * 2**30, "procs": [[pid_base + i, 1, 90.0, 6, "running", 2**29]
-                                                           for i in range(len(ranks))], "gpus": gpus})
+                      "mem_total_b": 24 * 2**30, "procs": [[pid_base + i, 1, r.cpu_pct, 6, "running", 2**29]
+                                                           for i, r in enumerate(ranks)], "gpus": gpus})
         t += 0.1
         n += 1
     samples.write_many(lines)

@@ -463,3 +463,45 @@ def test_a_batch_made_in_a_worker_costs_its_own_cpu_not_the_spin_beside_it(tmp_p
     # Where the other thread's CPU is no more than the batch's own, it is the batch's (as before).
     spinning = run(tmp_path / "cpu", SPINNING, workers=2, persistent=True).costs
     assert spinning.worker_cpu_s == pytest.approx(spinning.cpu_s) == pytest.approx(0.030)
+
+
+def test_ranks_on_one_node_share_its_cores_and_the_job_is_every_ranks(tmp_path):
+    """torchrun, 2 ranks on 2 cores, each making its 30 ms batches inside next() and stepping 1 ms: the
+    costs are the rank's, its share of the cores is one, and the samples/s are the job's. However many
+    ranks share them, the cores make the same job rate once the workers fill them."""
+    from tests.synthetic import RankSpec, write_ddp_run
+
+    rank = RankSpec(wait_s=0.030, compute_s=0.001, batch_cpu_s=0.030, cpu_pct=100.0)
+    w = answer_run(write_ddp_run(tmp_path / "ddp", [rank, rank], steps=200), workers=16, persistent=True)
+    assert w.cannot_predict is None and w.costs.ranks == 2
+    # Your settings: the two ranks step together, each a batch every 31 ms.
+    assert w.yours.samples_per_s == pytest.approx(2 * 32 / 0.031, rel=0.05)
+    assert w.yours.samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
+    c = w.costs
+    sixteen = w.predictions[0]
+    assert sixteen.limit == LIMIT_CORES
+    assert sixteen.samples_per_s == pytest.approx(
+        32 * (2 - c.other_cores) / (c.cpu_s + c.handoff_s + c.main_cpu_s), rel=0.03)
+    assert w.ceiling_samples_per_s == pytest.approx(2 * 32 / (c.compute_s + c.receive_s))
+    from rich.console import Console
+
+    from gpufeed.present.whatif_view import what_if_block
+    console = Console(width=250, record=True)
+    console.print(what_if_block(w))
+    assert "2 ranks share these 2 cores" in console.export_text()
+    assert "ranks share" not in block_text(tmp_path / "one", CPU_BOUND)
+
+
+def test_ranks_on_several_nodes_cannot_be_predicted_together(tmp_path):
+    """Two nodes' run directories analysed together: each node's ranks share its own cores, not the
+    others', so the model asks for one node's record."""
+    from gpufeed.analysis import analyze_record
+    from gpufeed.record.merge import load_runs
+    from tests.synthetic import RankSpec, write_ddp_run
+
+    rank = RankSpec(wait_s=0.030, compute_s=0.001, batch_cpu_s=0.030)
+    nodes = [write_ddp_run(tmp_path / f"node{n}", [rank, rank], steps=200, hostname=f"node{n}", rank_base=2 * n,
+                           world_size=4, pid_base=1000 + 10 * n) for n in range(2)]
+    merged = analyze_record(load_runs(nodes)).to_dict()["what_if"]
+    assert merged["cannot_predict"].startswith("ranks on several nodes")
+    assert answer_run(nodes[0]).cannot_predict is None

@@ -91,6 +91,10 @@ class Costs:
     # The torch threads each worker ran (``fetches`` events; 1, torch's default in a worker): every setting
     # is predicted with as many, since a batch's CPU at another count is not in the record.
     worker_threads: int = 1
+    # Training processes on this node, each with its own loader at the same settings (torchrun's ranks):
+    # each makes its batches on its share of the free cores, and the samples/s predicted are the job's,
+    # every rank's together (they step together). The costs are those of the rank that waited most.
+    ranks: int = 1
 
     def scaled(self, gpu_speedup: float) -> "Costs":
         """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
@@ -186,8 +190,9 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     """The model's inputs from the record; raises ``CannotPredict`` with the reason."""
     if training is None or not training.steps:
         raise CannotPredict("the run never iterated a DataLoader")
-    if len(m.ranks) > 1:
-        raise CannotPredict("several ranks: the model covers one training process")
+    if len(m.ranks) > 1 and record.parts:
+        raise CannotPredict("ranks on several nodes: predict from one node's run directory (its ranks share "
+                            "its cores, not the other nodes')")
     if m.steps < th.WHATIF_MIN_STEPS or m.window_start_t is None or not m.wall_s:
         raise CannotPredict(f"too few steps measured ({m.steps}; the model needs {th.WHATIF_MIN_STEPS})")
     if m.autotuned and m.autotuned.get("switches"):
@@ -276,7 +281,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
                      worker_cpu_s=None if in_worker is None else _q(in_worker, q),
-                     worker_threads=_worker_threads(record, training.worker_pids))
+                     worker_threads=_worker_threads(record, training.worker_pids), ranks=max(len(m.ranks), 1))
     return _Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
 
 
@@ -386,7 +391,7 @@ def _alone(c: Costs) -> Costs:
     (``_preempted_step``), and the model adds that back for each setting it predicts."""
     if not c.workers:
         return c
-    free = max(c.cores - c.other_cores, 0.0)
+    free = _free_cores(c, c.cores)
     rate = min(_worker_bounds(c, c.workers, free).values())
     stall, spin = _preempted_step(c, c.workers, free, 1.0 / rate)
     if not stall:
@@ -639,8 +644,7 @@ def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
 # -- the model ------------------------------------------------------------------------------------------
 def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[float, str]:
     """Steady-state batches per second and the bound that binds."""
-    cores = c.cores if cores is None else cores
-    free = max(cores - c.other_cores, 0.0)
+    free = _free_cores(c, c.cores if cores is None else cores)
     if workers == 0:  # one process makes the batch, then steps: serial, and it needs the CPU of both
         bounds = {LIMIT_LOOP: 1.0 / max(c.cpu_s - c.cpu_beside_s + c.sleep_s + c.compute_s, 1e-9),
                   LIMIT_CORES: free / max(c.cpu_s + c.main_cpu_s, 1e-9)}
@@ -730,7 +734,7 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
         init = _init_s(c, latency, per_epoch)
         epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + c.cow_s + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
-    return per_epoch * c.samples_per_batch / epoch_s, limit
+    return c.ranks * per_epoch * c.samples_per_batch / epoch_s, limit
 
 
 def _init_s(c: Costs, latency: float, per_epoch: float) -> float:
@@ -749,8 +753,13 @@ def _init_s(c: Costs, latency: float, per_epoch: float) -> float:
 
 def _first_batches_s(c: Costs, workers: int, cores: float) -> float:
     """How long ``workers`` first batches take when they start together on the free cores."""
-    free = max(cores - c.other_cores, th.WHATIF_MIN_FREE_CORES)
+    free = _free_cores(c, cores, least=th.WHATIF_MIN_FREE_CORES)
     return max(c.cpu_s + c.handoff_s + c.sleep_s, workers * (c.cpu_s + c.handoff_s) / free)
+
+
+def _free_cores(c: Costs, cores: float, least: float = 0.0) -> float:
+    """One training process's share of the cores other programs left (several ranks share them)."""
+    return max(cores - c.other_cores, least) / max(c.ranks, 1)
 
 
 def predict(spread: _Spread, workers: int, persistent: bool, *, cores: float | None = None,
@@ -791,16 +800,16 @@ def best_of(costs: Costs, *, max_workers: int | None = None) -> Prediction:
 def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
     """Samples/s with the data always ready: the step alone."""
     c = c.scaled(gpu_speedup)
-    return c.samples_per_batch / max(c.compute_s + c.receive_s, 1e-9)
+    return c.ranks * c.samples_per_batch / max(c.compute_s + c.receive_s, 1e-9)
 
 
 def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[int, int]:
-    """Fewest workers, and cores, whose bounds reach the ceiling (each batch one worker for c + s;
-    every batch's CPU, the workers' and the training process's, on the cores)."""
+    """Fewest workers (per rank), and cores (for every rank), whose bounds reach the ceiling (each batch
+    one worker for c + s; every batch's CPU, the workers' and the training process's, on the cores)."""
     c = _in_workers(c.scaled(gpu_speedup))
     rate = 1.0 / max(c.compute_s + c.receive_s, 1e-9)
     return (max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.sleep_s) - 1e-9)),
-            max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))
+            max(1, math.ceil(c.ranks * rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))
 
 
 # -- the answers for a diagnosis -------------------------------------------------------------------------

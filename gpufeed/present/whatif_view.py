@@ -27,6 +27,10 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                            if c.spin_s >= 5e-5 else "")  # what .1f would print as 0.0: none
                         + (f"; each fork of workers costs its step {c.cow_s * 1e3:.0f} ms (copy-on-write)"
                            if c.cow_s >= 5e-4 else ""), style="dim")]
+    if c.ranks > 1:
+        lines.append(Text(f"   {c.ranks} ranks share these {c.cores:g} cores, each with its own loader at the settings "
+                          "below: samples/s are the job's (every rank's), from the costs of the rank that waited most",
+                          style="dim"))
     if c.worker_threads > 1:
         lines.append(Text(f"   every setting with {c.worker_threads} torch threads in each worker, as in this run: "
                           "a thread cap changes a batch's CPU by what one run cannot show (gpufeed tune measures it)",
