@@ -235,6 +235,14 @@ WHATIF_RECEIVE_QUANTILE = 5
 # ... capped here: a batch already made costs 0.1-0.5 ms to receive in the bench's records (2 cores);
 # a low end above 1 ms means the loop never found a batch ready, and says nothing about the receive.
 WHATIF_RECEIVE_MAX_S = 0.001
+# A step whose batch was ready (next() took at most this: the receive above) runs as in a loop that never
+# waits. After a long wait the same step runs slower (the CPU idled: cold caches, the step's threads asleep):
+# bench/what_if.py's storage record (2 workers, 2 cores, 2026-12-02) took 1.07 ms a step after waits of
+# 1-5 ms and 5.44 ms after waits over 20 ms; 16 workers, whose loop rarely waited, 0.58 ms.
+WHATIF_READY_WAIT_S = WHATIF_RECEIVE_MAX_S
+# ... and where fewer were ready, the steps after the run's shortest waits (this lowest share of them):
+# the storage record above had 2 ready steps in 174.
+WHATIF_READY_QUANTILE = 25
 # Other programs' CPU (host busy minus the command's tree) is taken off the cores, up to this share of
 # them: the sampler's two readings are taken at slightly different moments and can overstate it.
 WHATIF_MAX_OTHER_SHARE = 0.75

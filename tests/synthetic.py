@@ -28,6 +28,9 @@ class Scenario:
     steps_per_epoch: int = 200
     compute_s: float = 0.010          # per step, after the batch arrives
     wait_s: float = 0.0005            # per step, inside next(loader)
+    # Every other step waits ``cold[0]`` in next() and then steps for ``cold[1]`` (a step after a long wait
+    # runs slower: the CPU idled); None: every step waits wait_s and steps compute_s.
+    cold: tuple[float, float] | None = None
     startup_s: float = 0.05           # iterator creation to first batch
     stop_s: float | None = None       # the next() that ends each epoch (workers shut down); None: no epoch_end event
     fetch_wall_s: float = 0.015       # per batch in a worker
@@ -111,7 +114,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
             t += sc.startup_s - sc.wait_s
             for i in range(sc.steps_per_epoch):
                 t_req = t
-                t_del = t_req + sc.wait_s
+                wait_s, compute_s = sc.cold if sc.cold and i % 2 else (sc.wait_s, sc.compute_s)
+                t_del = t_req + wait_s
                 # With num_workers=0 the batch is made inside next(): the probe takes its CPU time
                 # for one step in 8.
                 cpu = sc.fetch_cpu_s if not workers and i % 8 == 0 else None
@@ -123,7 +127,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
                     cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:
                     h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
-                t = t_del + sc.compute_s + _fork_probe_extra(sc, epoch, i)
+                t = t_del + compute_s + _fork_probe_extra(sc, epoch, i)
                 if sc.eval_every and (i + 1) % sc.eval_every == 0:
                     t = _evaluation_pass(events, sc, t, 1000 + epoch * sc.steps_per_epoch + i)
             if sc.fork_probe is not None and not epoch:

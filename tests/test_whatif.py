@@ -505,3 +505,23 @@ def test_ranks_on_several_nodes_cannot_be_predicted_together(tmp_path):
     merged = analyze_record(load_runs(nodes)).to_dict()["what_if"]
     assert merged["cannot_predict"].startswith("ranks on several nodes")
     assert answer_run(nodes[0]).cannot_predict is None
+
+
+def test_a_loop_that_never_waits_takes_the_step_of_a_ready_batch(tmp_path):
+    """Every other step waited 40 ms for its batch and then took 6 ms, the others found it ready and took
+    2 ms (the storage bench record: 1.07 ms a step after short waits, 5.44 ms after waits over 20 ms). The
+    ceiling, data always ready, is the ready step's; what the run's own wait made of the rest stays the
+    mean's. Not without workers (no batch is ever ready) nor on a GPU (its host runs ahead)."""
+    cold = dataclasses.replace(STORAGE, wait_s=0.0005, compute_s=0.002, cold=(0.040, 0.006), fetch_wall_s=0.030,
+                               fetch_cpu_s=0.001, train_cpu_pct=10)
+    w = run(tmp_path, cold, workers=16, persistent=True)
+    c = w.costs
+    assert c.compute_s == pytest.approx(0.004, rel=0.03) and c.ready_compute_s == pytest.approx(0.002, rel=0.03)
+    assert w.ceiling_samples_per_s == pytest.approx(32 / (0.002 + c.receive_s), rel=0.01)
+    sixteen = w.predictions[0]
+    assert sixteen.limit == LIMIT_LOOP
+    # ... less each epoch's first batch (30 ms in an epoch of 200 steps of 2.5 ms)
+    assert sixteen.samples_per_s == pytest.approx(w.ceiling_samples_per_s * 0.5 / 0.53, rel=0.02)
+    for name, scenario in (("w0", dataclasses.replace(CPU_BOUND, cold=(0.040, 0.006))),
+                           ("gpu", dataclasses.replace(cold, cuda=True))):
+        assert run(tmp_path / name, scenario).costs.ready_compute_s is None, name

@@ -95,6 +95,15 @@ class Costs:
     # each makes its batches on its share of the free cores, and the samples/s predicted are the job's,
     # every rank's together (they step together). The costs are those of the rank that waited most.
     ranks: int = 1
+    # The step after a batch that was ready (``_ready_steps``): the step of a loop that never waits, which
+    # the loop bound and the ceiling take. After a long wait the same step runs slower (the CPU idled), and
+    # ``compute_s`` is the mean of all. None (then ``compute_s``): a run without workers, or on a GPU.
+    ready_compute_s: float | None = None
+
+    @property
+    def loop_step_s(self) -> float:
+        """The step of a loop whose batches are always ready."""
+        return self.compute_s if self.ready_compute_s is None else self.ready_compute_s
 
     def scaled(self, gpu_speedup: float) -> "Costs":
         """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
@@ -102,7 +111,8 @@ class Costs:
         if gpu_speedup == 1.0:
             return self
         main = self.main_cpu_s if self.cuda else max(self.main_cpu_s - self.compute_s * (1 - 1 / gpu_speedup), 0.0)
-        return replace(self, compute_s=self.compute_s / gpu_speedup, main_cpu_s=main)
+        ready = None if self.ready_compute_s is None else self.ready_compute_s / gpu_speedup
+        return replace(self, compute_s=self.compute_s / gpu_speedup, main_cpu_s=main, ready_compute_s=ready)
 
     def on_faster_cpu(self, cpu_speedup: float) -> "Costs":
         """A host CPU ``cpu_speedup`` times faster: every CPU second shrinks (the workers' and the training
@@ -115,6 +125,7 @@ class Costs:
                        spin_s=self.spin_s * k, cpu_beside_s=self.cpu_beside_s * k, cow_s=self.cow_s * k,
                        worker_cpu_s=None if self.worker_cpu_s is None else self.worker_cpu_s * k,
                        compute_s=self.compute_s if self.cuda else self.compute_s * k,
+                       ready_compute_s=None if self.ready_compute_s is None or self.cuda else self.ready_compute_s * k,
                        epoch_period_s=None if self.epoch_period_s is None else self.epoch_period_s * k)
 
 
@@ -167,6 +178,7 @@ class WhatIf:
             "noise": json_safe(self.noise),
             "step_threads": self.costs.step_threads if self.costs else None,
             "worker_threads": self.costs.worker_threads if self.costs else None,
+            "ranks": self.costs.ranks if self.costs else None,
             "costs_ms": {k: json_safe(None if v is None else v * 1000.0) for k, v in asdict(self.costs).items()
                          if k.endswith("_s")} if self.costs else None,
         }
@@ -245,9 +257,12 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         in_worker = _worker_cpu(timed, _step_threads(its))
         asleep = np.clip(wall - (cpu.mean() - beside), 0.0, None)  # off the training thread's CPU
         receive = 0.0
-    compute = _compute_times(its, spans, pauses)
+    compute, waited = _compute_times(its, spans, pauses)
     if len(compute) < 2:
         raise CannotPredict("too few steps with a measured compute time")
+    # The loop's own step when its batches are ready. Not on a GPU run (its host runs ahead of the device
+    # for a few steps) nor without workers (every batch is made in next(): none is ever ready).
+    ready = _ready_steps(compute, waited) if workers and not m.cuda_used else None
 
     main = _main_cpu_per_step(record, training.pid, spans, in_window, workers)
     if main is None:
@@ -281,7 +296,8 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
                      worker_cpu_s=None if in_worker is None else _q(in_worker, q),
-                     worker_threads=_worker_threads(record, training.worker_pids), ranks=max(len(m.ranks), 1))
+                     worker_threads=_worker_threads(record, training.worker_pids), ranks=max(len(m.ranks), 1),
+                     ready_compute_s=None if ready is None else _q(ready, q))
     return _Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
 
 
@@ -396,7 +412,8 @@ def _alone(c: Costs) -> Costs:
     stall, spin = _preempted_step(c, c.workers, free, 1.0 / rate)
     if not stall:
         return c
-    return replace(c, compute_s=max(c.compute_s - stall, 0.5 * c.compute_s),
+    ready = None if c.ready_compute_s is None else max(c.ready_compute_s - stall, 0.5 * c.ready_compute_s)
+    return replace(c, compute_s=max(c.compute_s - stall, 0.5 * c.compute_s), ready_compute_s=ready,
                    main_cpu_s=max(c.main_cpu_s - spin, 0.5 * c.main_cpu_s))
 
 
@@ -498,18 +515,34 @@ def _span_s(spans: np.ndarray) -> float:
     return float((spans[:, 1] - spans[:, 0]).sum())
 
 
-def _compute_times(its: list, spans: np.ndarray, pauses: np.ndarray) -> np.ndarray:
+def _compute_times(its: list, spans: np.ndarray, pauses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Delivery to the next request of the same iterator: the step's own time, less the evaluation
-    passes that paused it."""
-    out = []
+    passes that paused it; and the wait in next() for the batch each step took."""
+    out, waits = [], []
     for it in its:
         s = it.steps
         if len(s) < 2:
             continue
         start, end = s.t_deliver[:-1], s.t_request[1:]
         own = end - start - _overlap(start, end, pauses)
-        out.append(own[_within(s.t_request[:-1], spans)])
-    return np.concatenate(out) if out else np.empty(0)
+        inside = _within(s.t_request[:-1], spans)
+        out.append(own[inside])
+        waits.append((s.t_deliver - s.t_request)[:-1][inside])
+    return (np.concatenate(out), np.concatenate(waits)) if out else (np.empty(0), np.empty(0))
+
+
+def _ready_steps(compute: np.ndarray, waited: np.ndarray) -> np.ndarray | None:
+    """The steps of a loop that would not wait: those whose batch was ready, or, where the run had too few,
+    those after its shortest waits (its lowest quartile, at least ``WHATIF_MIN_STEPS``); None without as
+    many. A step after a long wait runs slower than the same step after a ready batch (the CPU idled
+    meanwhile: cold caches, the step's threads asleep), and a loop that never waits takes the second."""
+    if len(compute) < th.WHATIF_MIN_STEPS:
+        return None
+    short = max(th.WHATIF_READY_WAIT_S, float(np.percentile(waited, th.WHATIF_READY_QUANTILE)))
+    ready = compute[waited <= short]
+    if len(ready) < th.WHATIF_MIN_STEPS:
+        ready = compute[np.argsort(waited, kind="stable")[:th.WHATIF_MIN_STEPS]]
+    return ready
 
 
 def _overlap(start: np.ndarray, end: np.ndarray, spans: np.ndarray) -> np.ndarray:
@@ -654,7 +687,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
     bounds = _worker_bounds(c, workers, free)
     stall, spin = _preempted_step(c, workers, free, 1.0 / min(bounds.values()))
     if stall:
-        bounds[LIMIT_LOOP] = 1.0 / max(c.compute_s + stall + c.receive_s, 1e-9)
+        bounds[LIMIT_LOOP] = 1.0 / max(c.loop_step_s + stall + c.receive_s, 1e-9)
         bounds[LIMIT_CORES] = _cores_bound(c, workers, free, spin)
     limit = min(bounds, key=bounds.get)
     return bounds[limit], limit
@@ -662,7 +695,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
 
 def _worker_bounds(c: Costs, workers: int, free: float) -> dict[str, float]:
     return {
-        LIMIT_LOOP: 1.0 / max(c.compute_s + c.receive_s, 1e-9),
+        LIMIT_LOOP: 1.0 / max(c.loop_step_s + c.receive_s, 1e-9),
         LIMIT_WORKERS: workers / max(c.cpu_s + c.handoff_s + c.sleep_s, 1e-9),
         LIMIT_CORES: _cores_bound(c, workers, free),
     }
@@ -800,14 +833,14 @@ def best_of(costs: Costs, *, max_workers: int | None = None) -> Prediction:
 def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
     """Samples/s with the data always ready: the step alone."""
     c = c.scaled(gpu_speedup)
-    return c.ranks * c.samples_per_batch / max(c.compute_s + c.receive_s, 1e-9)
+    return c.ranks * c.samples_per_batch / max(c.loop_step_s + c.receive_s, 1e-9)
 
 
 def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[int, int]:
     """Fewest workers (per rank), and cores (for every rank), whose bounds reach the ceiling (each batch
     one worker for c + s; every batch's CPU, the workers' and the training process's, on the cores)."""
     c = _in_workers(c.scaled(gpu_speedup))
-    rate = 1.0 / max(c.compute_s + c.receive_s, 1e-9)
+    rate = 1.0 / max(c.loop_step_s + c.receive_s, 1e-9)
     return (max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.sleep_s) - 1e-9)),
             max(1, math.ceil(c.ranks * rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))
 
