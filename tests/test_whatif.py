@@ -522,6 +522,8 @@ def test_a_loop_that_never_waits_takes_the_step_of_a_ready_batch(tmp_path):
     assert sixteen.limit == LIMIT_LOOP
     # ... less each epoch's first batch (30 ms in an epoch of 200 steps of 2.5 ms)
     assert sixteen.samples_per_s == pytest.approx(w.ceiling_samples_per_s * 0.5 / 0.53, rel=0.02)
+    assert "step 4.0 ms (2.0 ms after a batch that was ready)" in block_text(tmp_path / "block", cold)
+    assert "after a batch that was ready" not in block_text(tmp_path / "even", STORAGE)
     for name, scenario in (("w0", dataclasses.replace(CPU_BOUND, cold=(0.040, 0.006))),
                            ("gpu", dataclasses.replace(cold, cuda=True))):
         assert run(tmp_path / name, scenario).costs.ready_compute_s is None, name

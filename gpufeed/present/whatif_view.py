@@ -22,7 +22,10 @@ def what_if_block(w: WhatIf | None) -> Group | None:
         return Group(head, Text(f"   cannot predict: {w.cannot_predict}.", style="yellow"))
     c = w.costs
     lines = [head, Text(f"   per batch: {c.cpu_s * 1e3:.1f} ms CPU + {c.sleep_s * 1e3:.1f} ms asleep in a worker; "
-                        f"step {c.compute_s * 1e3:.1f} ms; training process {c.main_cpu_s * 1e3:.1f} ms CPU"
+                        f"step {c.compute_s * 1e3:.1f} ms"
+                        + (f" ({c.loop_step_s * 1e3:.1f} ms after a batch that was ready)"
+                           if abs(c.loop_step_s - c.compute_s) >= 0.1 * c.compute_s else "")
+                        + f"; training process {c.main_cpu_s * 1e3:.1f} ms CPU"
                         + (f", and its {c.step_threads} threads spin {c.spin_s * 1e3:.1f} ms a step while it waits"
                            if c.spin_s >= 5e-5 else "")  # what .1f would print as 0.0: none
                         + (f"; each fork of workers costs its step {c.cow_s * 1e3:.0f} ms (copy-on-write)"
