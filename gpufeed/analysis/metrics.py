@@ -282,8 +282,7 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     pauses = evaluation_pauses(record, its, t0, t1)
     m.eval_s = sum(b - a for a, b in pauses) if pauses else None
     m.wall_s = t1 - t0 - (m.eval_s or 0.0)
-    paused = sum(np.clip(np.minimum(measured.next_request, b) - np.maximum(measured.t_deliver, a), 0, None)
-                 for a, b in pauses)
+    paused = overlap(measured.t_deliver, measured.next_request, pauses)
     wait = measured.wait
     step = measured.next_request - measured.t_request - paused
     compute = measured.next_request - measured.t_deliver - paused - other_wait
@@ -329,6 +328,12 @@ def evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t
         if b > a and not (k < len(requests) and requests[k] < b):
             spans.append((a, b))
     return merge_spans(spans)
+
+
+def overlap(start: np.ndarray, end: np.ndarray, spans) -> np.ndarray:
+    """How long each interval (start, end) overlaps the ``spans`` (pairs of start, end; few)."""
+    return sum((np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None) for a, b in spans),
+               np.zeros(len(start)))
 
 
 def merge_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

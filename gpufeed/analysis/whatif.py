@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, evaluation_pauses, json_safe
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, evaluation_pauses, json_safe, overlap
 from gpufeed.record.reader import RunRecord
 from gpufeed.record.rows import FetchRows, StepRows
 
@@ -524,7 +524,7 @@ def _compute_times(its: list, spans: np.ndarray, pauses: np.ndarray) -> tuple[np
         if len(s) < 2:
             continue
         start, end = s.t_deliver[:-1], s.t_request[1:]
-        own = end - start - _overlap(start, end, pauses)
+        own = end - start - overlap(start, end, pauses)
         inside = _within(s.t_request[:-1], spans)
         out.append(own[inside])
         waits.append((s.t_deliver - s.t_request)[:-1][inside])
@@ -543,12 +543,6 @@ def _ready_steps(compute: np.ndarray, waited: np.ndarray) -> np.ndarray | None:
     if len(ready) < th.WHATIF_MIN_STEPS:
         ready = compute[np.argsort(waited, kind="stable")[:th.WHATIF_MIN_STEPS]]
     return ready
-
-
-def _overlap(start: np.ndarray, end: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """How long each interval (start, end) overlaps the ``spans`` (rows of start, end; few)."""
-    return sum((np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None) for a, b in spans),
-               np.zeros(len(start)))
 
 
 def _minus(spans: np.ndarray, holes: np.ndarray) -> np.ndarray:
@@ -647,7 +641,7 @@ def _epoch_period(its: list, m: Metrics, pauses: np.ndarray) -> float | None:
                               if len(it.steps) and m.window_start_t <= it.t_created <= m.window_end_t))
     if len(created) - 1 < th.WHATIF_MIN_EPOCH_PERIODS:  # periods between creations
         return None
-    periods = np.diff(created) - _overlap(created[:-1], created[1:], pauses)
+    periods = np.diff(created) - overlap(created[:-1], created[1:], pauses)
     return float(np.median(periods))
 
 
