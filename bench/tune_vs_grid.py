@@ -7,10 +7,13 @@ time-limited), side by side in one run:
   and its refinements up to ``--max-workers``, prefetch 2/4, persistent workers, a thread cap of 1),
   one trial each, same trial length; its best;
 - **tune**: ``gpufeed tune``'s winner and its wall time;
-- **verified**: yours and tune's winner measured again afterwards (new runs, not the trials' own
-  numbers), alternating, ``--verify`` times each: the median speed-up.
+- **verified**: yours, tune's winner and the grid's winner measured again afterwards (new runs of
+  ``--verify-seconds``, not the trials' own numbers), in turn, ``--verify`` rounds: the median
+  speed-up, and tune/grid as the median of each round's own ratio (two runs seconds apart: this VM's
+  speed drifts by up to 1.6x over minutes, and a ratio of neighbours cancels the drift) with its range.
 
     python bench/tune_vs_grid.py [--workloads storage,cpu,...] [--trial-seconds 1.5] [--max-workers 16]
+                                 [--verify 5] [--verify-seconds 3]
                                  [--keep DIR] [--grid-from DIR --fft-rounds N]
 
 Prints a Markdown table (and writes it to ``--out``). Targets (issue 3): tune/grid >= 0.97 on every
@@ -93,6 +96,7 @@ class Row:
     again_yours: float | None     # medians of the re-measured runs
     again_tune: float | None
     again_grid: float | None
+    paired: list[float]           # tune/grid in each round of the re-measurement
     cpu_speed: tuple[int, int]    # FFT rounds per 2 ms of one core, before and after: the VM's speed
     kept_yours: bool = False      # tune's winner is the user's own configuration
 
@@ -102,7 +106,11 @@ class Row:
 
     @property
     def verified_ratio(self) -> float | None:
-        return self.again_tune / self.again_grid if self.again_tune and self.again_grid else None
+        return statistics.median(self.paired) if self.paired else None
+
+    @property
+    def verified_range(self) -> str:
+        return f" ({min(self.paired):.2f}-{max(self.paired):.2f})" if len(self.paired) > 1 else ""
 
 
 def run_grid(command: list[str], out: Path, args: argparse.Namespace) -> tuple[dict, float]:
@@ -160,27 +168,31 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
 
     # Verification: fresh runs of yours, tune's winner and the grid's winner, in turn. The grid's
     # best single trial is the largest of 65 noisy numbers, biased upwards; measured again it is not.
-    verify = CommandTrials(TuneOptions(command=command, out=out / "verify", seconds=args.trial_seconds,
+    verify = CommandTrials(TuneOptions(command=command, out=out / "verify", seconds=args.verify_seconds,
                                        warmup_steps=args.warmup, stall_timeout_s=10.0))
     verify.learn_from_baseline(verify(LoaderSettings(), "yours"))
     again: dict[str, list[float]] = {"yours": [], "tune": [], "grid": []}
+    paired = []
     for _ in range(args.verify):
+        this_round = {}
         for name, settings in (("yours", result.baseline.settings), ("tune", result.best.settings),
                                ("grid", grid_best)):
             run = verify(settings, f"{name} again")
             if run.status == INTERRUPTED:
                 raise KeyboardInterrupt
-            rate = run.samples_per_s
-            if rate:
-                again[name].append(rate)
+            if run.samples_per_s:
+                this_round[name] = run.samples_per_s
+                again[name].append(run.samples_per_s)
+        if "tune" in this_round and "grid" in this_round:
+            paired.append(this_round["tune"] / this_round["grid"])
     median = {k: statistics.median(v) if v else None for k, v in again.items()}
-    print(f"  again: yours {median['yours']}, tune {median['tune']}, grid {median['grid']}", flush=True)
+    print(f"  again: yours {again['yours']}, tune {again['tune']}, grid {again['grid']}", flush=True)
     return Row(name=title, yours=result.baseline.samples_per_s,
                grid_best=(grid_best.label(), rates[grid_best]),
                tune_best=(result.best.settings.label(), result.best.samples_per_s),
                grid_s=grid_s, tune_s=tune_s, grid_trials=len(rates) + 1,
                tune_runs=sum(len(t.runs) for t in result.trials), tune_speedup=result.speedup,
-               again_yours=median["yours"], again_tune=median["tune"], again_grid=median["grid"],
+               again_yours=median["yours"], again_tune=median["tune"], again_grid=median["grid"], paired=paired,
                cpu_speed=(speed_before, common.calibrate_fft_rounds(2.0)),
                kept_yours=result.best is result.baseline)
 
@@ -188,13 +200,15 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
 def table(rows: list[Row], args: argparse.Namespace) -> str:
     lines = [
         f"`python bench/tune_vs_grid.py --trial-seconds {args.trial_seconds:g} --max-workers {args.max_workers} "
-        f"--verify {args.verify} --fft-rounds {args.fft_rounds}` on {time.strftime('%Y-%m-%d')}, "
+        f"--verify {args.verify} --verify-seconds {args.verify_seconds:g} --fft-rounds {args.fft_rounds}` on {time.strftime('%Y-%m-%d')}, "
         f"{os.cpu_count()} cores (CPU-bound work: {args.fft_rounds} FFT rounds per sample, about 2 ms here)"
         + (f"; the grid's runs measured by an earlier run of the same command (`--grid-from`), its time the sum "
            "of those runs" if args.grid_from else ""),
         "",
         "Trial numbers: the median of a configuration's runs in the search, the grid's single run. "
-        f"Re-measured: {args.verify} fresh runs each of yours, tune's winner and the grid's winner, in turn (median). "
+        f"Re-measured: {args.verify} rounds of fresh {args.verify_seconds:g} s runs of yours, tune's winner and the "
+        "grid's winner, in turn; tune/grid is the median of each round's ratio (its range in brackets), the "
+        "speed-up the ratio of medians. "
         "CPU speed: FFT rounds one core does in 2 ms (the CPU-bound work's unit), measured before and after "
         "the workload; this VM's speed drifts by up to 1.6x over minutes with nothing else running.",
         "",
@@ -206,7 +220,7 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
     for r in rows:
         lines.append(
             f"| {r.name} | {r.yours:,.0f} | {r.grid_best[0]}: {r.grid_best[1]:,.0f} | {r.tune_best[0]}: "
-            f"{r.tune_best[1]:,.0f} | {r.tune_best[1] / r.grid_best[1]:.2f} | {_x(r.verified_ratio, '.2f')} "
+            f"{r.tune_best[1]:,.0f} | {r.tune_best[1] / r.grid_best[1]:.2f} | {_x(r.verified_ratio, '.2f')}{r.verified_range} "
             f"| {_x(r.verified_speedup, '.2f', '×')}{' (yours kept: noise)' if r.kept_yours else ''} "
             f"| {r.tune_s / r.grid_s:.0%} ({r.tune_s:.0f} s / {r.grid_s:.0f} s) "
             f"| {r.tune_runs} / {r.grid_trials} | {r.cpu_speed[0]} → {r.cpu_speed[1]} |")
@@ -223,7 +237,9 @@ def main() -> None:
     parser.add_argument("--trial-seconds", type=float, default=1.5)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--max-workers", type=int, default=16)
-    parser.add_argument("--verify", type=int, default=3)
+    parser.add_argument("--verify", type=int, default=5, help="rounds of the re-measurement")
+    parser.add_argument("--verify-seconds", type=float, default=3.0,
+                        help="length of each re-measured run: longer than a trial, to see differences of a few %%")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "tune_vs_grid.md")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep every trial's run record in DIR")
     parser.add_argument("--grid-from", type=Path, metavar="DIR",
