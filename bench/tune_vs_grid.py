@@ -99,6 +99,9 @@ class Row:
     paired: list[float]           # tune/grid in each round of the re-measurement
     cpu_speed: tuple[int, int]    # FFT rounds per 2 ms of one core, before and after: the VM's speed
     kept_yours: bool = False      # tune's winner is the user's own configuration
+    # Tune's winner and the grid's are one configuration: tune/grid is 1 by identity, and the rounds'
+    # ratios only measure the noise (compute-bound, 2026-12-03: w0 against w0, 0.89-1.14).
+    same_setting: bool = False
 
     @property
     def verified_speedup(self) -> float | None:
@@ -106,11 +109,16 @@ class Row:
 
     @property
     def verified_ratio(self) -> float | None:
+        if self.same_setting:
+            return 1.0
         return statistics.median(self.paired) if self.paired else None
 
     @property
     def verified_range(self) -> str:
-        return f" ({min(self.paired):.2f}-{max(self.paired):.2f})" if len(self.paired) > 1 else ""
+        if len(self.paired) < 2:
+            return ""
+        spread = f"{min(self.paired):.2f}-{max(self.paired):.2f}"
+        return f" (same setting; its rounds {spread}: noise)" if self.same_setting else f" ({spread})"
 
 
 def run_grid(command: list[str], out: Path, args: argparse.Namespace) -> tuple[dict, float]:
@@ -194,7 +202,8 @@ def run_workload(key: str, out: Path, args: argparse.Namespace) -> Row:
                tune_runs=sum(len(t.runs) for t in result.trials), tune_speedup=result.speedup,
                again_yours=median["yours"], again_tune=median["tune"], again_grid=median["grid"], paired=paired,
                cpu_speed=(speed_before, common.calibrate_fft_rounds(2.0)),
-               kept_yours=result.best is result.baseline)
+               kept_yours=result.best is result.baseline,
+               same_setting=result.best.settings.label() == grid_best.label())
 
 
 def table(rows: list[Row], args: argparse.Namespace) -> str:
@@ -208,7 +217,8 @@ def table(rows: list[Row], args: argparse.Namespace) -> str:
         "Trial numbers: the median of a configuration's runs in the search, the grid's single run. "
         f"Re-measured: {args.verify} rounds of fresh {args.verify_seconds:g} s runs of yours, tune's winner and the "
         "grid's winner, in turn; tune/grid is the median of each round's ratio (its range in brackets), the "
-        "speed-up the ratio of medians. "
+        "speed-up the ratio of medians; where both chose the same setting, tune/grid is 1 by identity (its "
+        "rounds' ratios, in brackets, are the noise). "
         "CPU speed: FFT rounds one core does in 2 ms (the CPU-bound work's unit), measured before and after "
         "the workload; this VM's speed drifts by up to 1.6x over minutes with nothing else running.",
         "",

@@ -460,3 +460,59 @@ def test_tune_json_reads_back_as_it_was_written():
     assert (back.baseline.id, back.best.id) == (result.baseline.id, result.best.id)
     assert [t.status for t in back.trials] == [t.status for t in result.trials]
     assert FAILED in {t.status for t in back.trials}
+
+
+def modelled_by(costs, persistent=True, noise=0.03, max_workers=16, **kw):
+    """A diagnosis whose what-if answer comes from real model costs (``analysis/whatif.py``)."""
+    from gpufeed.analysis.whatif import best_setting, _Spread, samples_per_s
+
+    def diagnosis(s):
+        d = fake_diagnosis(**kw)
+        d.what_if = SimpleNamespace(
+            cannot_predict=None, noise=noise, costs=costs,
+            yours=SimpleNamespace(samples_per_s=samples_per_s(costs, costs.workers, costs.persistent)[0]),
+            best=best_setting(_Spread(costs, costs, costs), max_workers=max_workers))
+        return d
+    return diagnosis
+
+
+def _model_costs(**changed):
+    from gpufeed.analysis.whatif import Costs
+    # The far-too-many-workers bench's record (2026-12-02): 36 ms of CPU a batch on 2 cores, a 0.3 ms
+    # step on two torch threads; 16 workers started every epoch.
+    base = dict(cpu_s=0.036, sleep_s=0.002, handoff_s=0.0007, compute_s=0.0003, receive_s=0.0, main_cpu_s=0.001,
+                startup_s=0.6, spawn_s=0.013, stop_s=0.007, batches_per_epoch=38.0, samples_per_batch=16.0,
+                cores=2.0, other_cores=0.0, workers=16, persistent=False, cuda=False, step_threads=2)
+    return Costs(**{**base, **changed})
+
+
+def test_where_the_cores_bind_a_threaded_step_the_search_starts_at_the_top_of_the_model_s_tie():
+    """The model predicts 2 to 32 persistent workers alike (the cores bind); measured, the curve still
+    rises (the step's spinning threads get less of the cores beside more workers): the first run after
+    yours is the most workers the model ties with its best, at most 8 times its best's and the cap."""
+    from gpufeed.analysis.whatif import best_setting, _Spread
+    costs = _model_costs()
+    assert best_setting(_Spread(costs, costs, costs), max_workers=16).num_workers == 2
+    rising = lambda s: 470.0 if not s.persistent_workers else 600.0 + 15 * (s.num_workers or 0)  # noqa: E731
+    workload = Workload(rising, noise=0.0, diagnosis=modelled_by(costs, data_wait=0.3))
+    result = run_search(workload, start(16), max_workers=16)
+    assert (workload.runs[1].num_workers, workload.runs[1].persistent_workers) == (16, True)
+    assert result.best.settings.num_workers == 16
+    # A one-thread step (or a GPU's) does not spin: the model's best itself comes first.
+    one = Workload(rising, noise=0.0, diagnosis=modelled_by(_model_costs(step_threads=1), data_wait=0.3))
+    run_search(one, start(16), max_workers=16)
+    assert one.runs[1].num_workers == 2
+
+
+def test_a_pick_at_the_cap_faster_than_predicted_is_not_walked_down_where_the_model_ranks_below_slower():
+    """Workers asleep most of a batch: the model's curve rises to the cap (8 workers predicted half of
+    16). The pick, at the cap, measures 30% above its prediction: the ladder below is what the model
+    already ranked slower, so it is not walked; prefetch, which the model does not predict, still is."""
+    from gpufeed.analysis.whatif import samples_per_s
+    costs = _model_costs(cpu_s=0.002, sleep_s=0.100, workers=2, persistent=True, step_threads=1)
+    predicted = lambda s: samples_per_s(costs, s.num_workers or 0, bool(s.persistent_workers))[0]  # noqa: E731
+    fast = Workload(lambda s: 1.3 * predicted(s) if (s.num_workers or 0) > 2 else predicted(s), noise=0.0,
+                    diagnosis=modelled_by(costs, data_wait=0.6, cpu_ratio=0.05, cores_used=0.3))
+    run_search(fast, LoaderSettings(num_workers=2, pin_memory=False, persistent_workers=True), max_workers=16)
+    assert {s.num_workers for s in fast.runs} == {2, 16}, fast.runs
+    assert (16, 4) in {(s.num_workers, s.prefetch_factor) for s in fast.runs}

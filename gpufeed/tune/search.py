@@ -8,10 +8,11 @@ grid, the search:
 1. measures the user's own configuration once, the noise read from its run's two halves (twice,
    their spread the noise, where the what-if model cannot read the run; then the median spread of
    every configuration measured twice); when the what-if model can predict from that run
-   (``analysis/whatif.py``), measures its best setting next and, if it is faster, goes on from there
-   instead of from the user's configuration. When the pick measured what the model predicted (and
-   ``TUNE_MODEL_CHECK_FACTOR`` times its workers are not faster), steps 3 and 4 are skipped: the
-   model searched that ladder;
+   (``analysis/whatif.py``), measures its best setting next (where the cores bind a multi-threaded
+   CPU step and the model's curve is flat, the most workers it predicts as fast) and, if it is
+   faster, goes on from there instead of from the user's configuration. When the pick measured what
+   the model predicted, or more at the cap (and ``TUNE_MODEL_CHECK_FACTOR`` times its workers are not
+   faster), steps 3 and 4 are skipped: the model searched that ladder;
 2. fixes a cause as soon as a run shows it: the thread cap when workers ran several threads,
    persistent workers when worker start-up cost time. The fix is measured at once, beside the run
    that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
@@ -38,6 +39,7 @@ from typing import Callable
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.rules.facts import input_bound, workers_asleep, workers_multithreaded
+from gpufeed.analysis.whatif import LIMIT_CORES, samples_per_s
 from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
@@ -101,6 +103,7 @@ class Search:
         # None until the model's pick has been measured.
         self.model_agreement: float | None = None
         self._model_limit: str | None = None  # the bound the model predicted for its pick
+        self._model = None  # the what-if answer the pick came from
         self._t0 = clock()
 
     # -- public ------------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ class Search:
         if model is None or model.cannot_predict or model.best is None:
             return None
         best = model.best
-        workers = min(best.num_workers, self.max_workers)
+        workers = min(self._model_start(model), self.max_workers)
         # A fix measured faster so far (persistent workers, a thread cap) stays.
         settings = dataclasses.replace(self._with_workers(start, workers), persistent_workers=(
             best.persistent_workers or bool(start.settings.persistent_workers and start.settings.num_workers)))
@@ -246,7 +249,7 @@ class Search:
             return None
         trial = self._fix_causes(self._measured(
             settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
-        self._model_limit = best.limit
+        self._model_limit, self._model = best.limit, model
         if trial.ok and start.ok:
             self.model_agreement = ((trial.samples_per_s / start.samples_per_s)
                                     / (best.samples_per_s / model.yours.samples_per_s))
@@ -256,6 +259,25 @@ class Search:
             self.best = trial
         return trial
 
+    def _model_start(self, model) -> int:
+        """The workers to measure first: the model's best, or, where the model's curve is flat because
+        the cores bind a CPU-only step that runs on several threads, the most workers it predicts as
+        fast (up to ``TUNE_MODEL_CHECK_FACTOR`` times its best's).
+
+        Its best is then the fewest workers among ties, and measured, that end of the stretch is the
+        slow one: the step's idle threads spin while the loop waits, and beside more workers they get
+        less of the cores than the model's fair share gives them (far-too-many-workers bench,
+        2026-12-02, predictions flat at 787 samples/s from 2 to 32 persistent workers: 592, 663, 708,
+        805 and 826 measured at 2, 4, 8, 12 and 16; CPU-bound bench: 765, 814, 885 at 8, 12, 16)."""
+        best, c = model.best, getattr(model, "costs", None)
+        if not best.num_workers or c is None or c.cuda or c.step_threads <= 1 or best.num_workers >= self.max_workers:
+            return best.num_workers
+        top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, self.max_workers)
+        tied = [w for w in range(best.num_workers, top + 1)
+                for rate, limit in [samples_per_s(c, w, best.persistent_workers)]
+                if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE)]
+        return max(tied, default=best.num_workers)
+
     def _model_confirmed(self, picked: Trial) -> bool:
         """Whether the model's pick measured what the model predicted for it, within the model's
         error and this machine's noise, and for the reason it predicted: a pick the model calls
@@ -264,8 +286,25 @@ class Search:
         2,171 samples/s, its pick 13 workers measured 2,149-2,156 as if at it, and 16 made 2,721)."""
         if self._model_limit == "compute" and _waits_for_data(picked):
             return False
-        return (self.model_agreement is not None
-                and abs(self.model_agreement - 1) <= th.TUNE_MODEL_AGREEMENT + self.noise)
+        if self.model_agreement is None:
+            return False
+        if self.model_agreement > 1 and self._rises_to_the_cap(picked):
+            # Faster than predicted at the cap: there is no more to climb, and the model predicts the
+            # ladder below it slower (CPU-bound bench, 2026-12-02: the pick, 16 workers, measured 26%
+            # above its prediction; 8 and 12 then measured 14% and 8% below it, as the model ranked them).
+            return True
+        return abs(self.model_agreement - 1) <= th.TUNE_MODEL_AGREEMENT + self.noise
+
+    def _rises_to_the_cap(self, picked: Trial) -> bool:
+        """Whether the pick has the most workers the search allows and the model predicts half as many
+        slower by more than the noise: a walk down the ladder would measure what it already ranked."""
+        workers = picked.settings.num_workers or 0
+        c = getattr(self._model, "costs", None)
+        if workers < self.max_workers or c is None:
+            return False
+        persistent = bool(picked.settings.persistent_workers)
+        at_cap = samples_per_s(c, workers, persistent)[0]
+        return samples_per_s(c, workers // 2, persistent)[0] < at_cap * (1 - self.noise)
 
     def _beyond_the_pick(self, picked: Trial) -> Trial | None:
         """The one check of the model's curve past its pick: ``TUNE_MODEL_CHECK_FACTOR`` times the
