@@ -151,6 +151,9 @@ TUNE_MODEL_AGREEMENT = 0.15
 # the cap): nearer points hide a slow rise in the noise, or a dip. Far-too-many-workers bench,
 # 2026-12-02: the model's pick 2 persistent workers (its predictions flat up to 16), measured 668-688
 # samples/s; 4 workers within the noise of it, 8 workers 637-660, 16 workers 773-786.
+# Where the model ties settings because the cores bind a threaded CPU step, its pick is the most
+# workers it ties with its best, up to this many times its best's (the same reach: that bench's curve
+# kept rising up to 16 while the model was flat).
 TUNE_MODEL_CHECK_FACTOR = 8
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
