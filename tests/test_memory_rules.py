@@ -8,6 +8,7 @@ import pytest
 
 from gpufeed.analysis import analyze
 from gpufeed.record import schema
+from gpufeed.record.reader import load_run
 from tests.synthetic import MAIN_PID, Scenario, write_run
 
 GiB, MiB = 2**30, 2**20
@@ -171,8 +172,8 @@ def test_memory_growth_quiet_for_a_sawtooth(tmp_path):
 
 
 # -- worker_memory_growth --------------------------------------------------------------------------------
-def workers_with_private_growth(tmp_path, grown_b: float) -> Path:
-    run = run_of(tmp_path, num_workers=2)
+def workers_with_private_growth(tmp_path, grown_b: float, **scenario) -> Path:
+    run = run_of(tmp_path, **{"num_workers": 2, **scenario})
     workers = sorted(int(p.stem) for p in (run / schema.EVENTS_DIR).glob("*.jsonl") if int(p.stem) != MAIN_PID)
     for pid in workers:
         append(run, pid, {"kind": "memory", "t": 1.0, "uss_start_b": 4 * MiB})
@@ -187,6 +188,17 @@ def test_worker_memory_growth_is_copy_on_read(tmp_path):
     assert f.evidence["workers"] == 2
     assert f.evidence["uss_growth_per_worker_b"] == 90 * MiB
     assert "copy-on-read" in f.message and "numpy arrays" in f.recommendation
+
+
+def test_worker_memory_growth_counts_what_is_held_at_once(tmp_path):
+    """One worker started again for each of 3 epochs, 30 MiB copied each (gpufeed demo, 2026-12-03): the
+    three never live together, so 30 MiB is held, below the 64 MiB a finding needs; a 3-worker loader
+    copying as much per worker holds 90 MiB."""
+    restarted = workers_with_private_growth(tmp_path / "restarted", 30 * MiB, num_workers=1, epochs=3)
+    assert len(load_run(restarted).worker_pids) == 3
+    assert "worker_memory_growth" not in memory_ids(restarted)
+    together = analyze(workers_with_private_growth(tmp_path / "together", 30 * MiB, num_workers=3))
+    assert together.finding("worker_memory_growth").evidence["uss_growth_held_at_once_b"] == 90 * MiB
 
 
 def test_worker_memory_growth_quiet_when_workers_stay_small(tmp_path):
