@@ -464,14 +464,14 @@ def test_tune_json_reads_back_as_it_was_written():
 
 def modelled_by(costs, persistent=True, noise=0.03, max_workers=16, **kw):
     """A diagnosis whose what-if answer comes from real model costs (``analysis/whatif.py``)."""
-    from gpufeed.analysis.whatif import best_setting, _Spread, samples_per_s
+    from gpufeed.analysis.whatif import best_of, samples_per_s
 
     def diagnosis(s):
         d = fake_diagnosis(**kw)
         d.what_if = SimpleNamespace(
             cannot_predict=None, noise=noise, costs=costs,
             yours=SimpleNamespace(samples_per_s=samples_per_s(costs, costs.workers, costs.persistent)[0]),
-            best=best_setting(_Spread(costs, costs, costs), max_workers=max_workers))
+            best=best_of(costs, max_workers=max_workers))
         return d
     return diagnosis
 
@@ -490,9 +490,9 @@ def test_where_the_cores_bind_a_threaded_step_the_search_starts_at_the_top_of_th
     """The model predicts 2 to 32 persistent workers alike (the cores bind); measured, the curve still
     rises (the step's spinning threads get less of the cores beside more workers): the first run after
     yours is the most workers the model ties with its best, at most 8 times its best's and the cap."""
-    from gpufeed.analysis.whatif import best_setting, _Spread
+    from gpufeed.analysis.whatif import best_of
     costs = _model_costs()
-    assert best_setting(_Spread(costs, costs, costs), max_workers=16).num_workers == 2
+    assert best_of(costs, max_workers=16).num_workers == 2
     rising = lambda s: 470.0 if not s.persistent_workers else 600.0 + 15 * (s.num_workers or 0)  # noqa: E731
     workload = Workload(rising, noise=0.0, diagnosis=modelled_by(costs, data_wait=0.3))
     result = run_search(workload, start(16), max_workers=16)

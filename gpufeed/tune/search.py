@@ -39,7 +39,7 @@ from typing import Callable
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.rules.facts import input_bound, workers_asleep, workers_multithreaded
-from gpufeed.analysis.whatif import LIMIT_CORES, samples_per_s
+from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, samples_per_s
 from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
@@ -102,8 +102,7 @@ class Search:
         # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
         # None until the model's pick has been measured.
         self.model_agreement: float | None = None
-        self._model_limit: str | None = None  # the bound the model predicted for its pick
-        self._model = None  # the what-if answer the pick came from
+        self._model = None  # the what-if answer the pick came from (its best: the pick's prediction)
         self._t0 = clock()
 
     # -- public ------------------------------------------------------------------------------------
@@ -249,7 +248,7 @@ class Search:
             return None
         trial = self._fix_causes(self._measured(
             settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
-        self._model_limit, self._model = best.limit, model
+        self._model = model
         if trial.ok and start.ok:
             self.model_agreement = ((trial.samples_per_s / start.samples_per_s)
                                     / (best.samples_per_s / model.yours.samples_per_s))
@@ -273,10 +272,11 @@ class Search:
         if not best.num_workers or c is None or c.cuda or c.step_threads <= 1 or best.num_workers >= self.max_workers:
             return best.num_workers
         top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, self.max_workers)
-        tied = [w for w in range(best.num_workers, top + 1)
-                for rate, limit in [samples_per_s(c, w, best.persistent_workers)]
-                if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE)]
-        return max(tied, default=best.num_workers)
+        for workers in range(top, best.num_workers, -1):
+            rate, limit = samples_per_s(c, workers, best.persistent_workers)
+            if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
+                return workers
+        return best.num_workers
 
     def _model_confirmed(self, picked: Trial) -> bool:
         """Whether the model's pick measured what the model predicted for it, within the model's
@@ -284,7 +284,7 @@ class Search:
         compute-bound (the data always ready) at which the loop still waits for data contradicts it,
         whatever its rate (storage bench, 2026-12-02: a baseline's slow step made the model's ceiling
         2,171 samples/s, its pick 13 workers measured 2,149-2,156 as if at it, and 16 made 2,721)."""
-        if self._model_limit == "compute" and _waits_for_data(picked):
+        if self._model is not None and self._model.best.limit == LIMIT_LOOP and _waits_for_data(picked):
             return False
         if self.model_agreement is None:
             return False
