@@ -234,6 +234,17 @@ WHATIF_MIN_SAMPLES = 3
 WHATIF_MIN_EPOCH_PERIODS = 2
 # next() on a batch that is already made costs the receive (the queue, unpickling): the low end of
 # the measured waits (the 5th percentile: in an input-bound run most waits include production).
+# The what-if model takes a worker's runnable share (its sampler readings in state R inside fetches)
+# at the lower bound of its 95% Wilson interval: 26 readings of 2 workers on idle cores read 35%
+# where their CPU was 9% of the fetch (bench/what_if.py's short-epochs record, 2026-12-03).
+WHATIF_RUNNABLE_Z = 1.96
+# An idle OpenMP thread of the training step spins this long after the step's last parallel region
+# before it sleeps (libgomp's default wait policy spins GOMP_SPINCOUNT = 300,000 times, a time that
+# depends on the CPU). With num_workers=0 the other threads' CPU inside next() read 4.0 ms a batch in
+# bench/omp_spin.py, 8.3 ms in bench/what_if.py's CPU-bound record and 9.3 ms in the Hugging Face
+# Trainer script of tests/real, on this 2-core VM, none of it the batch's work (their batches cost no
+# more in a worker than on the training thread).
+WHATIF_OMP_SPIN_S = 0.010
 WHATIF_RECEIVE_QUANTILE = 5
 # ... capped here: a batch already made costs 0.1-0.5 ms to receive in the bench's records (2 cores);
 # a low end above 1 ms means the loop never found a batch ready, and says nothing about the receive.
@@ -259,7 +270,14 @@ WHATIF_HANDOFF_S = 0.0007
 # per worker (w2-w16) in the non-persistent runs of bench/what_if.py, 2026-11-30 (2 cores, ~300 MB
 # training processes); a larger process forks slower (page tables are copied).
 WHATIF_WORKER_SPAWN_S = 0.010
-WHATIF_WORKER_STOP_S = 0.007
+# Stopping them is not one worker after the other: torch tells them all to exit, then joins each,
+# and they exit together. The next() that ends an epoch took 21-30 ms with 1 worker, 19-33 ms with 2,
+# 30-43 ms with 4 and 98-112 ms with 16 (bench/what_if.py's records of 2026-12-02/03, storage,
+# short-epochs and far-too-many workloads, 2 cores): about 6 ms a worker plus as much as 2 workers
+# more (`WHATIF_WORKER_STOP_S` is that per-worker part). Counted 16 ms a worker, as the 2 workers of
+# a record took, 16 workers would have stopped in 260 ms instead of 107.
+WHATIF_WORKER_STOP_S = 0.006
+WHATIF_STOP_FIXED_WORKERS = 2.0
 # The most a minor page fault costs the step (a copy-on-write fault: the fault and a 4 KiB copy). The
 # probe's fork (measure/inside/forking.py) counts the faults of the two steps it slows; a step that
 # other processes preempted meanwhile took longer without copying more, so the copy-on-write it gives

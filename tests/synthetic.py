@@ -48,6 +48,9 @@ class Scenario:
     worker_cpu_pct: float = 30.0      # each worker, every sample (sampler)
     host_cpu_pct: float = 40.0        # every core, every sample
     train_cpu_pct: float = 100.0      # the training process, every sample (sampler)
+    # ... but while it starts an epoch's workers (creation to first batch) or stops them (epoch_end):
+    # forking, copy-on-write, joining them (None: train_cpu_pct there too)
+    restart_cpu_pct: float | None = None
     cuda: bool = False
     gpu_idle_s: float | None = None   # per step, from CUDA events (None: idle through the whole wait)
     h2d_host_s: float | None = None   # per step, pageable copy: the host's time in .to()
@@ -97,6 +100,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
         config["offload"] = sc.offload
     t_first = t
     switches = 0
+    restarts: list[tuple[float, float]] = []
     if sc.with_loader and sc.autotune_pools > 1:
         events.write({"kind": "autotune", "pid": MAIN_PID, "action": "start", "t": t, "period_s": 0.5,
                       "iterable": False, "user": _autotune_settings(sc, sc.num_workers)})
@@ -112,6 +116,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
                                                if sc.train_torch_threads is not None else {})})
             rows, cuda_rows, h2d_rows = [], [], []
             t += sc.startup_s - sc.wait_s
+            restarts.append((t_created, t + sc.wait_s))
             for i in range(sc.steps_per_epoch):
                 t_req = t
                 wait_s, compute_s = sc.cold if sc.cold and i % 2 else (sc.wait_s, sc.compute_s)
@@ -155,6 +160,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
             if sc.stop_s is not None:
                 events.write({"kind": "epoch_end", "pid": MAIN_PID, "iter_id": iter_id + sc.autotune_pools - 1,
                               "t_request": t, "t": t + sc.stop_s})
+                restarts.append((t, t + sc.stop_s))
                 t += sc.stop_s
             if sc.stall_s is not None and epoch == sc.epochs - 1:
                 events.write({"kind": "stall", "pid": MAIN_PID, "iter_id": iter_id + k, "t_request": t,
@@ -173,7 +179,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
     if sc.cuda_device is not None:
         events.write({"kind": "cuda_device", "pid": MAIN_PID, "t": t_first, **sc.cuda_device})
     events.close()
-    _write_samples(path, sc, t_first, t, all_workers)
+    _write_samples(path, sc, t_first, t, all_workers, restarts)
     stall = None
     if sc.stall_s is not None:
         stall = {"pid": MAIN_PID, "waited_s": sc.stall_s, "worker_pids": all_workers[-sc.num_workers:],
@@ -265,11 +271,16 @@ def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: 
         writer.close()
 
 
-def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list[int]) -> None:
+def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list[int],
+                   restarts: list[tuple[float, float]] = ()) -> None:
     writer = JsonlWriter(path / schema.SAMPLES_FILE)
     lines, t, k = [], t0, 0
     while t <= t1:
-        procs = [[MAIN_PID, 1, sc.train_cpu_pct, 6, "running", 500 * 2**20]]
+        train_pct = sc.train_cpu_pct
+        if sc.restart_cpu_pct is not None and k:  # a reading covers the 0.1 s before it
+            share = sum(max(min(b, t) - max(a, t - 0.1), 0.0) for a, b in restarts) / 0.1
+            train_pct = share * sc.restart_cpu_pct + (1 - share) * sc.train_cpu_pct
+        procs = [[MAIN_PID, 1, train_pct, 6, "running", 500 * 2**20]]
         procs += [[w, MAIN_PID, sc.worker_cpu_pct, sc.worker_os_threads, sc.worker_status, 200 * 2**20]
                   for w in workers]
         gpus = []

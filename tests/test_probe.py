@@ -306,6 +306,30 @@ class Rows(Dataset):
         return torch.zeros(4)
 
 
+def test_the_cpu_of_batches_made_inside_next_is_read_for_every_slow_batch_and_one_fast_batch_in_8(tmp_path):
+    """Reading it costs a system call on the loop's critical path: worth it on every batch that takes
+    milliseconds (a slow job's short trial must leave the what-if model enough readings), on one in 8
+    that take microseconds."""
+    from gpufeed.measure.inside.patches import MAIN_PROCESS_CPU_EVERY_BATCH_S, MAIN_PROCESS_CPU_SAMPLE_EVERY
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        for _batch in DataLoader(BusyElsewhere(), batch_size=4):   # 8 batches of 20 ms
+            pass
+        for _batch in DataLoader(Rows(), batch_size=4):            # 16 batches of microseconds
+            pass
+    slow, fast = sorted(load_run(run.run_dir).iterators, key=lambda it: len(it.steps))
+    timed = [[row[0] for row in it.steps.tolist() if row[4] == row[4]] for it in (slow, fast)]
+    assert timed[0] == list(range(8))
+    # A fast batch is read 8 batches after the last reading; one slower than the threshold (a busy
+    # machine) has the next read too.
+    waits = fast.steps.t_deliver - fast.steps.t_request
+    expected, at = [], 0
+    for index in range(16):
+        if index == at:
+            expected.append(index)
+            at = index + (1 if waits[index] >= MAIN_PROCESS_CPU_EVERY_BATCH_S else MAIN_PROCESS_CPU_SAMPLE_EVERY)
+    assert timed[1] == expected and len(expected) < 16
+
+
 def test_the_fork_probe_measures_the_copies_inside_the_warm_up_and_leaves_no_child(tmp_path):
     """Once per run, two steps before the warm-up ends, the probe forks a child that only waits: the
     step's writes into the 32 MB it now shares take a page fault each (the what-if model's copy-on-write

@@ -126,6 +126,7 @@ class Metrics:
     worker_asleep_share: float | None = None     # 1 - that ratio, floored at 0
     worker_busy_share: float | None = None       # share of the window the workers spent fetching
     worker_running_share: float | None = None    # sampler: share in state "running" while making a batch (num_workers=0: the training process in next())
+    worker_state_readings: int = 0               # the sampler's readings that share is of
     worker_threads_median: float | None = None   # OS threads per worker process
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
@@ -484,6 +485,7 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
                     states.append(status)
     if states:
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
+        m.worker_state_readings = len(states)
     if threads:
         m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
         m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))
@@ -505,6 +507,7 @@ def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, t
               if row[0] == training.pid and _inside_a_fetch(inside_next, s.t[i])]
     if states:
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
+        m.worker_state_readings = len(states)
 
 
 def _inside_a_fetch(rows: FetchRows | None, t: float) -> bool:

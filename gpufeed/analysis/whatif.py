@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.metrics import LoaderSummary, Metrics, evaluation_pauses, json_safe, overlap
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, evaluation_pauses, json_safe, merge_spans, overlap
 from gpufeed.record.reader import RunRecord
 from gpufeed.record.rows import FetchRows, StepRows
 
@@ -60,7 +60,7 @@ class Costs:
     main_cpu_s: float
     startup_s: float             # a new iterator's start-up before its first batch, besides the fetch
     spawn_s: float               # of which per worker (forking it)
-    stop_s: float                # per worker, shutting it down at an epoch's end (non-persistent)
+    stop_s: float                # shutting workers down at an epoch's end (non-persistent), per worker (``_restart_s``)
     batches_per_epoch: float
     samples_per_batch: float
     cores: float
@@ -241,13 +241,13 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         wall, cpu = rows.t_end - rows.t_start, timed.cpu_s
         # A worker is off the CPU while it sleeps on I/O, and also while it queues for a core (state R,
         # runnable): only the first is a cost more workers can overlap without more cores.
-        running = m.worker_running_share
+        running = _surely_running(m.worker_running_share, m.worker_state_readings)
         asleep = wall * (1.0 - running) if running is not None else wall - cpu.mean()
         asleep = np.clip(asleep, 0.0, np.maximum(wall - cpu.mean(), 0.0))
         waits = in_window.wait
         receive = min(_q(waits, th.WHATIF_RECEIVE_QUANTILE), th.WHATIF_RECEIVE_MAX_S)
     else:
-        # num_workers=0: the batch is made inside next(); the probe takes its CPU time for one in 8.
+        # num_workers=0: the batch is made inside next(); the probe times one in 8 (every slow one).
         timed = in_window[np.isfinite(in_window.cpu_s)]
         if len(timed) < th.WHATIF_MIN_TIMED_BATCHES:
             raise CannotPredict(f"{len(timed)} CPU readings of the batches made in the training process; "
@@ -264,7 +264,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     # for a few steps) nor without workers (every batch is made in next(): none is ever ready).
     ready = _ready_steps(compute, waited) if workers and not m.cuda_used else None
 
-    main = _main_cpu_per_step(record, training.pid, spans, in_window, workers)
+    main = _main_cpu_per_step(record, training.pid, spans, in_window, workers, _restarts(its))
     if main is None:
         raise CannotPredict("no CPU readings of the training process (the sampler saw none in the window)")
     main_cpu, spin_waiting = main
@@ -385,13 +385,20 @@ def _worker_cpu(timed: StepRows, threads: int) -> np.ndarray | None:
     more than that is not the batch's work but the step's idle threads spinning, which ``spin_s``
     counts apart. Where the batch is mostly sleep the difference is large: the Hugging Face Trainer
     script of tests/real (48 ms asleep, 1.4 ms on the thread) burnt 9.3 ms a batch on its other
-    thread, and its batches measured 1.0-1.6 ms of a worker's CPU (w8 persistent). None in older
-    records, which lack the thread's own CPU."""
+    thread, and its batches measured 1.0-1.6 ms of a worker's CPU (w8 persistent). Nor is the spin
+    the batch's where the batch is long: bench/what_if.py's CPU-bound record (single-threaded numpy)
+    burnt 37.2 ms a batch on the training thread and 8.3 ms on the other, and its batches then took
+    35-38 ms of a worker's CPU; counted in, the model put every setting with workers 11-24% too slow.
+    None in older records, which lack the thread's own CPU."""
     own = timed.thread_cpu_s
     if not np.isfinite(own).any():
         return None
-    others = np.clip(timed.cpu_s - own, 0.0, None)
-    return np.where(np.isfinite(own), own + np.minimum(others, max(threads - 1, 0) * own), timed.cpu_s)
+    idle = max(threads - 1, 0)
+    # Each idle thread spins up to WHATIF_OMP_SPIN_S after the step's last parallel region, however long
+    # the batch: only what the other threads burnt beyond that can be the batch's parallel work.
+    spin = idle * np.minimum(th.WHATIF_OMP_SPIN_S, np.clip(timed.wait, 0.0, None))
+    others = np.clip(timed.cpu_s - own - spin, 0.0, None)
+    return np.where(np.isfinite(own), own + np.minimum(others, idle * own), timed.cpu_s)
 
 
 def _in_workers(c: Costs) -> Costs:
@@ -560,16 +567,47 @@ def _minus(spans: np.ndarray, holes: np.ndarray) -> np.ndarray:
     return np.array(out, dtype=float).reshape(-1, 2)
 
 
+def _surely_running(share: float | None, readings: int) -> float | None:
+    """The share of a worker's fetch it was runnable, as low as its sampler readings allow (the lower
+    bound of its 95% Wilson interval): a few readings inside short fetches over-read it, and each point
+    of it counts as a core waited for, not as sleep more workers would overlap. The short-epochs bench
+    record (2 workers, 19 ms fetches, 1.6 ms of CPU in each, on 2 idle cores) caught 9 of its 26
+    readings runnable, and the model read 12.4 ms asleep where its persistent runs read 16-17."""
+    if share is None or readings <= 0:
+        return share
+    z = th.WHATIF_RUNNABLE_Z
+    centre = share + z * z / (2 * readings)
+    spread = z * math.sqrt(share * (1 - share) / readings + z * z / (4 * readings * readings))
+    return max((centre - spread) / (1 + z * z / readings), 0.0)
+
+
+def _restarts(its: list) -> tuple[np.ndarray, np.ndarray]:
+    """Where the training process starts or stops workers: each iterator with workers from its creation
+    to its first batch, and each epoch's end of workers that are not persistent (torch shuts them down
+    inside the ``next()`` that ends the epoch); and, inside the first, the first step's wait."""
+    started = [it for it in its if it.worker_pids and len(it.steps)]
+    holes = [(it.t_created, float(it.steps.t_deliver[0])) for it in started]
+    holes += [end for it in started if not it.config.persistent_workers for end in it.epoch_ends]
+    first_waits = [(float(it.steps.t_request[0]), float(it.steps.t_deliver[0])) for it in started]
+    return (np.array(merge_spans(holes), dtype=float).reshape(-1, 2),
+            np.array(merge_spans(first_waits), dtype=float).reshape(-1, 2))
+
+
 def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: StepRows,
-                       workers: int) -> tuple[float, float] | None:
+                       workers: int, restarts: tuple[np.ndarray, np.ndarray]) -> tuple[float, float] | None:
     """The training process's CPU seconds per step outside next(), from the sampler's readings, and
     its CPU per step while it waits for a batch.
 
     With workers, the process may burn CPU while it waits (OpenMP threads spin after each parallel
-    region), and that share changes with the wait: each reading's CPU is split by least squares into
-    cores used while stepping and while waiting; the first is the step's, the second the spin
-    (``_spinning``). Without workers the batch is made inside next(): every CPU second counts (the
-    caller takes the batch's off), and no spin is read here."""
+    region), and that share changes with the wait; and it forks and stops its workers (``_restarts``),
+    which the model counts in each epoch's start-up, not per step. Each reading's CPU is split by least
+    squares into cores used while stepping, while waiting, and while starting or stopping workers; the
+    first is the step's, the second the spin (``_spinning``). Counted per step, the short-epochs bench
+    record (2 workers started again every epoch, 8 batches an epoch) read 6.8 ms a step where its
+    persistent-worker runs read 0.5-0.9 ms: 50 ms an epoch of forking, copy-on-write and shutdown, and
+    the model predicted 2,515 samples/s for 16 persistent workers that measured 4,168. Without workers
+    the batch is made inside next(): every CPU second counts (the caller takes the batch's off), and no
+    spin is read here."""
     s = record.samples
     own = ((i, next((row[2] for row in s.procs[i] if row[0] == pid and row[2] is not None), None))
            for i in _intervals_within(s.t, spans))
@@ -584,12 +622,25 @@ def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: St
     per_step = float(cpu.sum()) / len(steps) * _span_s(spans) / max(float(busy.sum() + waited.sum()), 1e-9)
     if not workers:
         return per_step, 0.0
+    holes, first_waits = restarts
+    restarting = overlap(a, b, holes)
+    waited = waited - overlap(a, b, first_waits)  # the first step's wait is inside its iterator's start-up
+    busy = np.maximum(busy - restarting + overlap(a, b, first_waits), 0.0)
+    clear = restarting == 0
+    if np.count_nonzero(clear) >= th.WHATIF_MIN_SAMPLES:  # readings that saw no worker start or stop
+        busy, waited, cpu = busy[clear], waited[clear], cpu[clear]
+    elif restarting.any():  # short epochs: take off the CPU of restarting, at its rate in the readings mostly in it
+        mostly = restarting >= 0.8 * (b - a)
+        rate = float(cpu[mostly].sum() / restarting[mostly].sum()) if mostly.any() else 0.0
+        cpu = np.maximum(cpu - rate * restarting, 0.0)
     fit, *_ = np.linalg.lstsq(np.column_stack([busy, waited]), cpu, rcond=None)
     stepping, spinning = float(fit[0]), float(fit[1])
     if not np.isfinite(stepping) or stepping <= 0:
         return per_step, 0.0
-    waited_per_step = _waited(steps, spans) / len(steps)
-    busy_per_step = _span_s(spans) / len(steps) - waited_per_step
+    in_spans = float(overlap(spans[:, 0], spans[:, 1], holes).sum())
+    waits_in_spans = float(overlap(spans[:, 0], spans[:, 1], first_waits).sum())
+    waited_per_step = (_waited(steps, spans) - waits_in_spans) / len(steps)
+    busy_per_step = (_span_s(spans) - in_spans) / len(steps) - waited_per_step
     step = min(stepping * busy_per_step, per_step)
     spin = min(max(spinning, 0.0) * waited_per_step, per_step - step) if np.isfinite(spinning) else 0.0
     return step, spin
@@ -666,7 +717,8 @@ def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
              if workers and firsts else th.WHATIF_WORKER_SPAWN_S)
     ends = [t - t_request for it in its if it.worker_pids and not it.config.persistent_workers
             for t_request, t in it.epoch_ends]
-    stop = float(np.median(ends)) / workers if workers and ends else th.WHATIF_WORKER_STOP_S
+    stop = float(np.median(ends)) / (workers + th.WHATIF_STOP_FIXED_WORKERS) if workers and ends \
+        else th.WHATIF_WORKER_STOP_S
     # Batches per epoch from the epochs that ended (the run usually stops inside one); a record
     # without epoch_end events counts every epoch it started.
     ended = sum(len(it.epoch_ends) for it in its)
@@ -770,7 +822,7 @@ def samples_per_s(c: Costs, workers: int, persistent: bool, cores: float | None 
         # that part was production, not start-up, and is counted by the steady rate.
         latency = c.cpu_s + c.handoff_s + c.sleep_s
         init = _init_s(c, latency, per_epoch)
-        epoch_start = latency if persistent else init + (c.spawn_s + c.stop_s) * workers + c.cow_s + latency
+        epoch_start = latency if persistent else init + _restart_s(c, workers) + c.cow_s + latency
     epoch_s = epoch_start + max(per_epoch - 1.0, 0.0) / rate
     return c.ranks * per_epoch * c.samples_per_batch / epoch_s, limit
 
@@ -784,9 +836,15 @@ def _init_s(c: Costs, latency: float, per_epoch: float) -> float:
     of waiting where the whole epoch took 1.16 s, bench/what_if.py's far-too-many-workers record)."""
     if c.epoch_period_s is not None:  # measured for non-persistent workers only
         rate, _ = batches_per_s(c, c.workers)
-        counted = (c.spawn_s + c.stop_s) * c.workers + c.cow_s + latency + max(per_epoch - 1.0, 0.0) / rate
+        counted = _restart_s(c, c.workers) + c.cow_s + latency + max(per_epoch - 1.0, 0.0) / rate
         return max(c.epoch_period_s - counted, 0.0)
     return max(c.startup_s - c.spawn_s * c.workers - _first_batches_s(c, c.workers, c.cores), 0.0)
+
+
+def _restart_s(c: Costs, workers: int) -> float:
+    """Forking ``workers`` one after the other, and at the epoch's end stopping them: they exit
+    together, and the stop costs a part per worker and as much as ``WHATIF_STOP_FIXED_WORKERS`` more."""
+    return c.spawn_s * workers + c.stop_s * (workers + th.WHATIF_STOP_FIXED_WORKERS)
 
 
 def _first_batches_s(c: Costs, workers: int, cores: float) -> float:

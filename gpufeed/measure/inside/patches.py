@@ -27,8 +27,12 @@ from gpufeed.measure.inside.patching import patch, unpatch
 from gpufeed.measure.inside.probe import Probe
 
 # Reading process CPU time is a system call (~0.6 us): workers take it for every batch; the training
-# process (num_workers=0, where it is on the step's critical path) for one batch in this many.
+# process (num_workers=0, where it is on the step's critical path) for one batch in this many, and for
+# the next batch too after one that took at least MAIN_PROCESS_CPU_EVERY_BATCH_S (the reading then costs
+# under 0.1% of it). One in 8 left a slow job too few readings: a Hugging Face Trainer script's 3 s trial
+# (48 ms batches) made 2, and the what-if model needs 3.
 MAIN_PROCESS_CPU_SAMPLE_EVERY = 8
+MAIN_PROCESS_CPU_EVERY_BATCH_S = 0.002
 
 _clock = time.perf_counter
 # One id per DataLoader object, kept on the object: never reused after garbage collection (a loader
@@ -237,7 +241,8 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
         if cpu0 is not None:
             cpu_s = time.process_time() - cpu0
             thread_cpu_s = time.thread_time() - thread0
-            state.cpu_at = index + MAIN_PROCESS_CPU_SAMPLE_EVERY
+            slow = t_deliver - t_request >= MAIN_PROCESS_CPU_EVERY_BATCH_S
+            state.cpu_at = index + (1 if slow else MAIN_PROCESS_CPU_SAMPLE_EVERY)
         state.next_index = index + 1
         samples = samples_of(state, index, batch)
         state.rows.append((index, t_request, t_deliver, samples, cpu_s, thread_cpu_s))
