@@ -623,6 +623,7 @@ def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: St
     if not workers:
         return per_step, 0.0
     holes, first_waits = restarts
+    first_waits = first_waits[_within(first_waits[:, 0], spans)]  # the waits of ``steps``, as theirs are counted
     restarting = overlap(a, b, holes)
     waited = waited - overlap(a, b, first_waits)  # the first step's wait is inside its iterator's start-up
     busy = np.maximum(busy - restarting + overlap(a, b, first_waits), 0.0)
