@@ -601,3 +601,14 @@ def test_a_few_runnable_readings_in_short_fetches_are_not_a_core_waited_for():
     assert _surely_running(9 / 26, 26) == pytest.approx(0.19, abs=0.01)
     assert _surely_running(0.346, 2600) == pytest.approx(0.328, abs=0.005)
     assert _surely_running(0.0, 30) == 0.0 and _surely_running(None, 0) is None
+
+
+def test_a_worker_read_runnable_while_cores_were_idle_is_asleep_not_waiting_for_a_core(tmp_path):
+    """Every reading inside a fetch says "running": with the cores 30% busy no worker waits for one (2
+    workers sleeping 1 ms at a time read so in 18 of 29 readings on idle cores), and the fetch's
+    95 ms beyond its CPU is asleep, which more workers overlap; with the cores full, it is a wait for
+    a core, which they do not."""
+    idle = run(tmp_path, dataclasses.replace(STORAGE, worker_status="running")).costs
+    assert idle.sleep_s == pytest.approx(0.095, rel=0.01)
+    full = run(tmp_path / "full", dataclasses.replace(STORAGE, worker_status="running", host_cpu_pct=99)).costs
+    assert full.sleep_s < 0.2 * 0.095

@@ -127,6 +127,7 @@ class Metrics:
     worker_busy_share: float | None = None       # share of the window the workers spent fetching
     worker_running_share: float | None = None    # sampler: share in state "running" while making a batch (num_workers=0: the training process in next())
     worker_state_readings: int = 0               # the sampler's readings that share is of
+    worker_core_wait_share: float | None = None  # ... runnable while fewer than half a core was idle: waiting for one
     worker_threads_median: float | None = None   # OS threads per worker process
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
@@ -475,17 +476,22 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
     # A worker's state only says something about its batches while it is making one: between
     # batches it sleeps on its index queue whatever the cause of slowness.
     fetching = {f.pid: f.rows[np.argsort(f.rows.t_start)] for f in record.fetches if f.pid in workers and len(f.rows)}
-    states, threads, rss = [], [], []
+    states, threads, rss, cores_full = [], [], [], []
     for i in np.flatnonzero(mask):
+        idle = len(cores) - float(np.nansum(s.cpu_pct[i, cores])) / 100.0
         for pid, _ppid, _cpu, n_threads, status, rss_b in (row[:6] for row in s.procs[i]):
             if pid in workers:
                 threads.append(n_threads)
                 rss.append(rss_b)
                 if _inside_a_fetch(fetching.get(pid), s.t[i]):
                     states.append(status)
+                    cores_full.append(idle < th.WHATIF_CONTENDED_IDLE_CORES)
     if states:
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
         m.worker_state_readings = len(states)
+        # Runnable with a core idle is not waiting for one: 2 workers sleeping 1 ms at a time on 2
+        # idle cores read "running" in 18 of 29 readings (bench/what_if.py's short-epochs record).
+        m.worker_core_wait_share = sum(st == RUNNING and full for st, full in zip(states, cores_full)) / len(states)
     if threads:
         m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
         m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))

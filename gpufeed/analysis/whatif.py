@@ -241,7 +241,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         wall, cpu = rows.t_end - rows.t_start, timed.cpu_s
         # A worker is off the CPU while it sleeps on I/O, and also while it queues for a core (state R,
         # runnable): only the first is a cost more workers can overlap without more cores.
-        running = _surely_running(m.worker_running_share, m.worker_state_readings)
+        running = _surely_running(m.worker_core_wait_share, m.worker_state_readings)
         asleep = wall * (1.0 - running) if running is not None else wall - cpu.mean()
         asleep = np.clip(asleep, 0.0, np.maximum(wall - cpu.mean(), 0.0))
         waits = in_window.wait
