@@ -232,11 +232,10 @@ WHATIF_MIN_SAMPLES = 3
 # Epoch periods of non-persistent workers (one iterator's creation to the next) the model needs to read
 # an epoch's start-up from them: one alone may be an epoch slowed by a passing program.
 WHATIF_MIN_EPOCH_PERIODS = 2
-# next() on a batch that is already made costs the receive (the queue, unpickling): the low end of
-# the measured waits (the 5th percentile: in an input-bound run most waits include production).
-# The what-if model takes a worker's runnable share (its sampler readings in state R inside fetches)
-# at the lower bound of its 95% Wilson interval: 26 readings of 2 workers on idle cores read 35%
-# where their CPU was 9% of the fetch (bench/what_if.py's short-epochs record, 2026-12-03).
+# The what-if model takes a worker's share waiting for a core (its sampler readings in state R inside
+# fetches, the cores full) at the lower bound of its 95% Wilson interval: a few readings over-read it
+# (26 readings of 2 workers read 35% runnable where their CPU was 9% of the fetch, bench/what_if.py's
+# short-epochs record, 2026-12-03).
 WHATIF_RUNNABLE_Z = 1.96
 # An idle OpenMP thread of the training step spins this long after the step's last parallel region
 # before it sleeps (libgomp's default wait policy spins GOMP_SPINCOUNT = 300,000 times, a time that
@@ -245,6 +244,8 @@ WHATIF_RUNNABLE_Z = 1.96
 # Trainer script of tests/real, on this 2-core VM, none of it the batch's work (their batches cost no
 # more in a worker than on the training thread).
 WHATIF_OMP_SPIN_S = 0.010
+# next() on a batch that is already made costs the receive (the queue, unpickling): the low end of
+# the measured waits (the 5th percentile: in an input-bound run most waits include production).
 WHATIF_RECEIVE_QUANTILE = 5
 # ... capped here: a batch already made costs 0.1-0.5 ms to receive in the bench's records (2 cores);
 # a low end above 1 ms means the loop never found a batch ready, and says nothing about the receive.

@@ -568,11 +568,12 @@ def _minus(spans: np.ndarray, holes: np.ndarray) -> np.ndarray:
 
 
 def _surely_running(share: float | None, readings: int) -> float | None:
-    """The share of a worker's fetch it was runnable, as low as its sampler readings allow (the lower
-    bound of its 95% Wilson interval): a few readings inside short fetches over-read it, and each point
-    of it counts as a core waited for, not as sleep more workers would overlap. The short-epochs bench
-    record (2 workers, 19 ms fetches, 1.6 ms of CPU in each, on 2 idle cores) caught 9 of its 26
-    readings runnable, and the model read 12.4 ms asleep where its persistent runs read 16-17."""
+    """The share of a worker's fetch it waited for a core (runnable, the cores full), as low as its
+    sampler readings allow (the lower bound of its 95% Wilson interval): a few readings inside short
+    fetches over-read it, and each point of it counts as a core waited for, not as sleep more workers
+    would overlap. The short-epochs bench record (2 workers, 19 ms fetches, 1.6 ms of CPU in each)
+    caught 9 of its 26 readings runnable, and the model read 12.4 ms asleep where its persistent runs
+    read 16-17."""
     if share is None or readings <= 0:
         return share
     z = th.WHATIF_RUNNABLE_Z
@@ -600,9 +601,10 @@ def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: St
 
     With workers, the process may burn CPU while it waits (OpenMP threads spin after each parallel
     region), and that share changes with the wait; and it forks and stops its workers (``_restarts``),
-    which the model counts in each epoch's start-up, not per step. Each reading's CPU is split by least
-    squares into cores used while stepping, while waiting, and while starting or stopping workers; the
-    first is the step's, the second the spin (``_spinning``). Counted per step, the short-epochs bench
+    which the model counts in each epoch's start-up, not per step: readings that overlap it are left
+    out, or where too few others remain (short epochs), its CPU is taken off at its rate in the readings
+    mostly inside it. Each reading's CPU is then split by least squares into cores used while stepping
+    and while waiting; the first is the step's, the second the spin (``_spinning``). Counted per step, the short-epochs bench
     record (2 workers started again every epoch, 8 batches an epoch) read 6.8 ms a step where its
     persistent-worker runs read 0.5-0.9 ms: 50 ms an epoch of forking, copy-on-write and shutdown, and
     the model predicted 2,515 samples/s for 16 persistent workers that measured 4,168. Without workers
@@ -624,9 +626,9 @@ def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: St
         return per_step, 0.0
     holes, first_waits = restarts
     first_waits = first_waits[_within(first_waits[:, 0], spans)]  # the waits of ``steps``, as theirs are counted
-    restarting = overlap(a, b, holes)
-    waited = waited - overlap(a, b, first_waits)  # the first step's wait is inside its iterator's start-up
-    busy = np.maximum(busy - restarting + overlap(a, b, first_waits), 0.0)
+    restarting, first_waited = overlap(a, b, holes), overlap(a, b, first_waits)
+    waited = waited - first_waited  # the first step's wait is inside its iterator's start-up
+    busy = np.maximum(busy - restarting + first_waited, 0.0)
     clear = restarting == 0
     if np.count_nonzero(clear) >= th.WHATIF_MIN_SAMPLES:  # readings that saw no worker start or stop
         busy, waited, cpu = busy[clear], waited[clear], cpu[clear]
