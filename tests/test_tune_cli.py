@@ -178,11 +178,15 @@ def test_ctrl_c_ends_the_trial_and_prints_the_best_so_far(tmp_path):
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, COLUMNS="200"))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 4 and proc.poll() is None:
-        time.sleep(0.2)  # the baseline twice, then the search's own trials
+    # One run directory per run: your configuration, then the search's first trial. The search may
+    # end after as few as three runs (the model's pick confirmed), so Ctrl-C goes into the second.
+    while time.monotonic() < deadline and len(list((out / "trials").glob("*"))) < 2 and proc.poll() is None:
+        time.sleep(0.1)
     started = len(list((out / "trials").glob("*")))
-    assert started >= 4 and proc.poll() is None, f"{started} trials started: Ctrl-C would not land in the search"
-    time.sleep(1.0)
+    if proc.poll() is not None:
+        raise AssertionError(f"tune ended after {started} runs, before Ctrl-C:\n{proc.communicate()}")
+    assert started >= 2, f"{started} runs started in 120 s"
+    time.sleep(1.0)  # inside the second run: its warm-up and 2 s trial take longer
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == cli.EXIT_INTERRUPTED, stdout + stderr
