@@ -612,3 +612,31 @@ def test_a_worker_read_runnable_while_cores_were_idle_is_asleep_not_waiting_for_
     assert idle.sleep_s == pytest.approx(0.095, rel=0.01)
     full = run(tmp_path / "full", dataclasses.replace(STORAGE, worker_status="running", host_cpu_pct=99)).costs
     assert full.sleep_s < 0.2 * 0.095
+
+
+def test_workers_beyond_an_epochs_batches_never_get_one():
+    """DataLoader hands an epoch's batches out from worker 0 again each epoch: with 8 batches an epoch,
+    16 workers make them as 8 do (and, started each epoch, pay for forking all 16)."""
+    short = _costs(cpu_s=0.002, sleep_s=0.050, batches_per_epoch=8.0, whole_epochs=True, persistent=True)
+    eight, sixteen = (samples_per_s(short, w, True)[0] for w in (8, 16))
+    assert sixteen == pytest.approx(eight)
+    assert samples_per_s(short, 4, True)[0] < 0.9 * eight
+    assert samples_per_s(short, 16, False)[0] < samples_per_s(short, 8, False)[0]  # the forks of 16
+    # Counted over a run that ended inside its first epoch, 8 is a lower bound: more workers still help.
+    reached = dataclasses.replace(short, whole_epochs=False)
+    assert samples_per_s(reached, 16, True)[0] > 1.2 * samples_per_s(reached, 8, True)[0]
+
+
+def test_only_epochs_that_ended_count_whole(tmp_path):
+    from gpufeed.analysis import ranks
+    from gpufeed.analysis.metrics import loader_summaries
+    from gpufeed.analysis.whatif import measure_costs
+    from gpufeed.record.reader import load_run
+
+    epochs = dataclasses.replace(STORAGE, persistent_workers=False, epochs=4, steps_per_epoch=20, stop_s=0.05)
+    record = load_run(write_run(tmp_path / "run", epochs))
+    m, training = ranks.job_metrics(record, loader_summaries(record))
+    assert measure_costs(record, training, m).p50.whole_epochs
+    for it in record.iterators:
+        it.epoch_ends = []
+    assert not measure_costs(record, training, m).p50.whole_epochs

@@ -99,6 +99,9 @@ class Costs:
     # the loop bound and the ceiling take. After a long wait the same step runs slower (the CPU idled), and
     # ``compute_s`` is the mean of all. None (then ``compute_s``): a run without workers, or on a GPU.
     ready_compute_s: float | None = None
+    # ``batches_per_epoch`` counted over epochs that ended. Else it counts what the run reached of its
+    # epochs, a lower bound, and says nothing of how many workers an epoch can keep busy (``fed_workers``).
+    whole_epochs: bool = False
 
     @property
     def loop_step_s(self) -> float:
@@ -274,7 +277,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         spin = spin_waiting if workers else beside * threads / (threads - 1)
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
-    startups, spawns, stops, per_epoch = _startup(its, workers)
+    startups, spawns, stops, per_epoch, whole_epochs = _startup(its, workers)
     cow, fork_s = _copy_on_write(record, training.pid, its, compute, cfg.get("multiprocessing_context"))
     if not workers and fork_s is not None:  # this process's own fork, measured: a larger one forks slower
         spawns = fork_s
@@ -291,7 +294,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     def costs(q: float | None) -> Costs:
         return Costs(cpu_s=_q(cpu, q), sleep_s=_q(asleep, q), handoff_s=handoff, compute_s=_q(compute, q),
                      receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, stop_s=stops,
-                     batches_per_epoch=per_epoch,
+                     batches_per_epoch=per_epoch, whole_epochs=whole_epochs,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
                      persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
@@ -710,9 +713,10 @@ def _epoch_period(its: list, m: Metrics, pauses: np.ndarray) -> float | None:
     return float(np.median(periods))
 
 
-def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
+def _startup(its: list, workers: int) -> tuple[float, float, float, float, bool]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
-    (forking), the shutdown per worker at an epoch's end, and the batches of an epoch. Where this run
+    (forking), the shutdown per worker at an epoch's end, the batches of an epoch, and whether they were
+    counted over epochs that ended. Where this run
     has no worker that started or stopped, a worker's start and stop are the documented typical ones."""
     firsts = [(it.t_created, it.t_ready, it.steps.t_deliver[0]) for it in its if len(it.steps)]
     startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
@@ -731,7 +735,7 @@ def _startup(its: list, workers: int) -> tuple[float, float, float, float]:
     else:
         epochs = sum(1 + len(it.epoch_starts) for it in its if len(it.steps))
         per_epoch = sum(len(it.steps) for it in its) / max(epochs, 1)
-    return startup, spawn, stop, per_epoch
+    return startup, spawn, stop, per_epoch, ended > 0
 
 
 # -- the model ------------------------------------------------------------------------------------------
@@ -744,13 +748,31 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
         limit = min(bounds, key=bounds.get)
         return bounds[limit], limit
     c = _in_workers(c)
+    workers = fed_workers(c, workers)
     bounds = _worker_bounds(c, workers, free)
+    if c.whole_epochs and workers >= c.batches_per_epoch:
+        # Each of an epoch's batches has a worker of its own from the epoch's start: they are made at
+        # once, none waits for a worker to finish another (bench/what_if.py's short epochs, 8 batches
+        # an epoch: 16 and 19 persistent workers measured 4,168 and 3,750 samples/s where 8 batches
+        # in turn at 8 workers' rate would make 3,468).
+        del bounds[LIMIT_WORKERS]
     stall, spin = _preempted_step(c, workers, free, 1.0 / min(bounds.values()))
     if stall:
         bounds[LIMIT_LOOP] = 1.0 / max(c.loop_step_s + stall + c.receive_s, 1e-9)
         bounds[LIMIT_CORES] = _cores_bound(c, workers, free, spin)
     limit = min(bounds, key=bounds.get)
     return bounds[limit], limit
+
+
+def fed_workers(c: Costs, workers: int) -> int:
+    """The workers that make batches: DataLoader hands an epoch's batches to its workers in turn, from
+    worker 0 again at every epoch (torch's ``_MultiProcessingDataLoaderIter._reset`` starts the cycle
+    anew), so beyond the batches of an epoch the other workers never get one. They sleep, and cost only
+    their start (bench/tune_vs_grid.py's short epochs, 8 batches an epoch: 16 persistent workers
+    re-measured 2,741-4,017 samples/s, 8 with deeper prefetch 3,388-3,811)."""
+    if not c.whole_epochs:
+        return workers
+    return min(workers, max(1, math.ceil(c.batches_per_epoch - 1e-9)))
 
 
 def _worker_bounds(c: Costs, workers: int, free: float) -> dict[str, float]:
@@ -853,7 +875,7 @@ def _restart_s(c: Costs, workers: int) -> float:
 def _first_batches_s(c: Costs, workers: int, cores: float) -> float:
     """How long ``workers`` first batches take when they start together on the free cores."""
     free = _free_cores(c, cores, least=th.WHATIF_MIN_FREE_CORES)
-    return max(c.cpu_s + c.handoff_s + c.sleep_s, workers * (c.cpu_s + c.handoff_s) / free)
+    return max(c.cpu_s + c.handoff_s + c.sleep_s, fed_workers(c, workers) * (c.cpu_s + c.handoff_s) / free)
 
 
 def _free_cores(c: Costs, cores: float, least: float = 0.0) -> float:

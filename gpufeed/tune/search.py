@@ -39,7 +39,7 @@ from typing import Callable
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.rules.facts import input_bound, workers_asleep, workers_multithreaded
-from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, samples_per_s
+from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, fed_workers, samples_per_s
 from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
@@ -223,8 +223,15 @@ class Search:
 
     # -- the steps ---------------------------------------------------------------------------------------
     def _ladder(self) -> list[int]:
-        return sorted({w for w in th.TUNE_WORKER_LADDER if w <= self.max_workers}
+        return sorted({w for w in th.TUNE_WORKER_LADDER if w <= self._useful_workers()}
                       | {self.baseline_settings.num_workers or 0})
+
+    def _useful_workers(self) -> int:
+        """The cap, or fewer where an epoch has fewer batches (``fed_workers``): workers beyond them
+        never get a batch, so they can only measure as fast, in noise, and cost memory."""
+        diagnosis = self.trials[self.baseline_settings].diagnosis if self.baseline_settings in self.trials else None
+        costs = getattr(getattr(diagnosis, "what_if", None), "costs", None)
+        return self.max_workers if costs is None else fed_workers(costs, self.max_workers)
 
     def _with_workers(self, trial: Trial, workers: int) -> LoaderSettings:
         s = trial.settings
@@ -269,9 +276,9 @@ class Search:
         2026-12-02, predictions flat at 787 samples/s from 2 to 32 persistent workers: 592, 663, 708,
         805 and 826 measured at 2, 4, 8, 12 and 16; CPU-bound bench: 765, 814, 885 at 8, 12, 16)."""
         best, c = model.best, getattr(model, "costs", None)
-        if not best.num_workers or c is None or c.cuda or c.step_threads <= 1 or best.num_workers >= self.max_workers:
+        if not best.num_workers or c is None or c.cuda or c.step_threads <= 1 or best.num_workers >= self._useful_workers():
             return best.num_workers
-        top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, self.max_workers)
+        top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, self._useful_workers())
         for workers in range(top, best.num_workers, -1):
             rate, limit = samples_per_s(c, workers, best.persistent_workers)
             if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
@@ -300,7 +307,7 @@ class Search:
         slower by more than the noise: a walk down the ladder would measure what it already ranked."""
         workers = picked.settings.num_workers or 0
         c = getattr(self._model, "costs", None)
-        if workers < self.max_workers or c is None:
+        if workers < self._useful_workers() or c is None:
             return False
         persistent = bool(picked.settings.persistent_workers)
         at_cap = samples_per_s(c, workers, persistent)[0]
@@ -314,7 +321,7 @@ class Search:
         measured as predicted, 4 and 8 workers were no faster, and 16 were 1.15x faster. Returned
         when it rises past the tie band: the search climbs from there."""
         pick = picked.settings.num_workers or 0
-        workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, self.max_workers)
+        workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, self._useful_workers())
         if not pick or workers < 2 * pick or _waits_for_data(picked) is False:
             return None
         beyond = self._measured(self._with_workers(picked, workers),
