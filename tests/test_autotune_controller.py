@@ -235,3 +235,12 @@ def test_the_training_process_cpu_while_it_waits_is_not_a_cost_per_batch():
     assert live_what_if(spinning, 2, 300, False).best.num_workers <= 6  # without the split: the cores, wrongly
     split = dataclasses.replace(spinning, compute_cores=0.08)
     assert live_what_if(split, 2, 300, False).best.num_workers >= 10
+
+
+def test_the_live_models_best_is_no_more_workers_than_the_loaders_length():
+    """The storage period above wants 13-14 workers; a loader of 8 batches an epoch keeps 8 busy
+    (docs/what-if.md). A loader without a length (an IterableDataset) caps nothing."""
+    p = _period(normalized(LoaderSettings(num_workers=1, prefetch_factor=2), LoaderSettings(num_workers=1)),
+                300, 10.0, 0.94, 0.05, 0.10)
+    assert live_what_if(p, cpu_count=2, batches_per_epoch=8, cuda=False).best.num_workers <= 8
+    assert live_what_if(p, cpu_count=2, batches_per_epoch=None, cuda=False).best.num_workers >= 13

@@ -130,7 +130,7 @@ class Period:
                              # CPU over wall time per worker: a lower bound of CPU over fetch time
                              worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
                              cpu_count=cpu_count, cuda_used=cuda)
-        what_if = live_what_if(self, cpu_count, batches_per_epoch or self.batches, cuda, max_workers)
+        what_if = live_what_if(self, cpu_count, batches_per_epoch, cuda, max_workers)
         return _LiveFacts(metrics=metrics, what_if=what_if, finding=lambda name: None)
 
 

@@ -30,9 +30,10 @@ from gpufeed.analysis.whatif import Costs, WhatIf, best_of
 Period = Any  # controller.Period (the controller imports this module)
 
 
-def live_costs(period: Period, cpu_count: int, batches_per_epoch: float, cuda: bool) -> Costs | None:
+def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, cuda: bool) -> Costs | None:
     """The model's inputs from one period; None when it lacks a reading (the pool's CPU, the
-    training process's CPU) or a batch."""
+    training process's CPU) or a batch. ``batches_per_epoch``: the loader's length (None: it has none,
+    and the period's batches stand in, a lower bound that caps no workers)."""
     if period.batches < 1 or period.elapsed_s <= 0 or period.main_cores is None or period.cores_used is None:
         return None
     per_batch = period.elapsed_s / period.batches
@@ -60,12 +61,13 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float, cuda: b
         others = min(max(period.host_busy_cores - period.cores_used, 0.0), cpu_count * th.WHATIF_MAX_OTHER_SHARE)
     return Costs(cpu_s=cpu, sleep_s=sleep, handoff_s=handoff, compute_s=compute, receive_s=0.0, main_cpu_s=main,
                  # a live period measures its pool's start-up inside itself: no separate start or stop cost
-                 startup_s=0.0, spawn_s=0.0, stop_s=0.0, batches_per_epoch=batches_per_epoch,
+                 startup_s=0.0, spawn_s=0.0, stop_s=0.0,
+                 batches_per_epoch=batches_per_epoch or period.batches, whole_epochs=batches_per_epoch is not None,
                  samples_per_batch=period.samples_per_s * per_batch, cores=float(cpu_count), other_cores=others,
                  workers=workers, persistent=bool(period.settings.persistent_workers), cuda=cuda)
 
 
-def live_what_if(period: Period, cpu_count: int, batches_per_epoch: float, cuda: bool,
+def live_what_if(period: Period, cpu_count: int, batches_per_epoch: float | None, cuda: bool,
                  max_workers: int | None = None) -> WhatIf:
     """The model's best setting for the search (``tune/search.py`` reads ``best``), or why not."""
     costs = live_costs(period, cpu_count, batches_per_epoch, cuda)
