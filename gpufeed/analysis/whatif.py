@@ -607,10 +607,10 @@ def _main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: St
     which the model counts in each epoch's start-up, not per step: readings that overlap it are left
     out, or where too few others remain (short epochs), its CPU is taken off at its rate in the readings
     mostly inside it. Each reading's CPU is then split by least squares into cores used while stepping
-    and while waiting; the first is the step's, the second the spin (``_spinning``). Counted per step, the short-epochs bench
-    record (2 workers started again every epoch, 8 batches an epoch) read 6.8 ms a step where its
-    persistent-worker runs read 0.5-0.9 ms: 50 ms an epoch of forking, copy-on-write and shutdown, and
-    the model predicted 2,515 samples/s for 16 persistent workers that measured 4,168. Without workers
+    and while waiting; the first is the step's, the second the spin (``_spinning``). Counted per step,
+    the short-epochs bench record (2 workers started again every epoch, 8 batches an epoch) read 6.8 ms
+    a step where its persistent-worker runs read 0.5-0.9 ms: 50 ms an epoch of forking, copy-on-write
+    and shutdown, and the model predicted 2,515 samples/s for 16 persistent workers that measured 4,168. Without workers
     the batch is made inside next(): every CPU second counts (the caller takes the batch's off), and no
     spin is read here."""
     s = record.samples
@@ -716,8 +716,8 @@ def _epoch_period(its: list, m: Metrics, pauses: np.ndarray) -> float | None:
 def _startup(its: list, workers: int) -> tuple[float, float, float, float, bool]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
     (forking), the shutdown per worker at an epoch's end, the batches of an epoch, and whether they were
-    counted over epochs that ended. Where this run
-    has no worker that started or stopped, a worker's start and stop are the documented typical ones."""
+    counted over epochs that ended. Where this run has no worker that started or stopped, a worker's
+    start and stop are the documented typical ones."""
     firsts = [(it.t_created, it.t_ready, it.steps.t_deliver[0]) for it in its if len(it.steps)]
     startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
     spawn = (float(np.median([ready - created for created, ready, _first in firsts])) / workers
