@@ -11,6 +11,23 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 
+def random_stream_note(workers_before: int | None, workers_after: int | None) -> str | None:
+    """What a change of ``num_workers`` does beyond speed, or None when it changes none.
+
+    DataLoader seeds worker k with base_seed + k and hands batch b to worker b mod num_workers (without
+    workers, the training process's own stream makes every batch): with another count, each batch's
+    random augmentation draws from another stream. The samples and their order are kept (the sampler
+    runs in the training process); a seeded run's augmented batches, and so its loss curve, differ
+    from the second batch on. Keeping them would need each worker to replay the streams of the
+    count it replaces, one batch after another, which no parallel loader can do."""
+    if workers_before is None or workers_after is None or workers_before == workers_after:
+        return None
+    return (f"num_workers {workers_before} -> {workers_after} keeps every sample and its order, but each batch's "
+            "random augmentation draws from another worker's random stream: a seeded run (torch.manual_seed) "
+            "gets other augmented batches than your settings give, and its loss curve differs from the second "
+            "batch on")
+
+
 @dataclass(frozen=True)
 class LoaderSettings:
     """DataLoader keywords gpufeed can set. ``None`` leaves the user's value as it is."""

@@ -13,9 +13,10 @@ DATA_WAIT_SHARE_FLAG = 0.05
 # TensorFlow's input-pipeline analysis: > 20% is "highly input-bound".
 DATA_WAIT_SHARE_HIGH = 0.20
 
-# The bottleneck is whichever of data wait, copies, host-side GPU idle and compute takes the largest
-# share of the wall time; a loss below this bar is not worth a finding of its own (the same 5% bar as
-# above, applied to every kind of lost time), and one at or above it is always explained by one.
+# The verdict: the largest loss (the input pipeline, copies, host-side GPU idle) once it reaches this
+# bar, and "compute" only when none does, as TensorFlow's analyzer calls a run input-bound from 5% of
+# its time whatever compute takes (a run whose input costs 45% is input-bound, not "55% compute"). A
+# loss below the bar is not worth a finding of its own; one at or above it is always explained by one.
 BOTTLENECK_MIN_SHARE = DATA_WAIT_SHARE_FLAG
 
 # -- Where the loader's time goes -------------------------------------------------------------------
@@ -38,6 +39,8 @@ WORKER_RUNNABLE_SHARE = 0.5
 # Programs outside the command are named in a finding once they take this many cores on average
 # (a quarter core is well above the sampler's own noise on an idle machine).
 OTHER_PROGRAMS_CORES = 0.25
+# ...and each program named in it took at least this many cores on average over the window.
+OTHER_PROGRAM_MIN_CORES = 0.1
 
 # -- Threads inside workers ------------------------------------------------------------------------
 # A worker using more than this many cores while it fetches runs several compute threads
@@ -67,6 +70,10 @@ DEFAULT_WARMUP_STEPS = defaults.WARMUP_STEPS
 # Measured throughput above the loader's CPU-time bound by more than this is flagged as suspect
 # (docs/sources.md, "A measurement trap").
 CPU_BOUND_TOLERANCE = 1.10
+# The workers' own count of what they made is used only where their rows reach this close to the
+# window's end: they flush at least every second (docs/run-record.md), and a worker killed at exit
+# loses what it had not flushed.
+WORKER_ROWS_REACH_S = 1.5
 # Suggested prefetch_factor for latency-bound loaders: deeper queues absorb read-latency spread
 # (loadtune and tf.data both raise prefetching for latency-bound inputs).
 LATENCY_PREFETCH_FACTOR = 4
@@ -134,6 +141,11 @@ TUNE_WORKER_REFINE = (3, 6, 12, 24, 48, 96)
 # tied, and the cheapest of them wins. The noise is the typical spread of two runs, about 1.1 standard
 # deviations of one run; half of it keeps what a tie can cost under 3% at the usual 3-6% noise.
 TUNE_TIE_SHARE_OF_NOISE = 0.5
+# The winner is confirmed against your configuration in this many alternated pairs of runs: the
+# speed-up reported is their median ratio with its range. One run of the winner is the luckiest of the
+# search (the image-folder script: "1.74x" from one run against a baseline with 23% spread measured
+# 1.20x by its own timer); alternated pairs cancel the drift of a shared machine between them.
+TUNE_CONFIRM_PAIRS = 2
 # The command's processes used at least this share of every core: the input pipeline cannot get more
 # CPU, so loading in the training process (num_workers=0, no pickling between processes) is tried.
 # SageMaker's CPUBottleneck rule counts a core over 90% as saturated (docs/sources.md).
@@ -189,6 +201,10 @@ BATCH_HEADROOM_GPU_UTIL_P95_PCT = 70.0
 # least 5 readings. SageMaker's GPUMemoryIncrease fires on a 5-point rise of the moving average.
 MEMORY_GROWTH_MIN_R2 = 0.8
 MEMORY_GROWTH_MIN_SHARE = 0.10
+# Copy-on-read is claimed when a worker's shared pages fell by at least half of what its private ones
+# rose: a forked page written by the worker moves from shared to private (pytorch/pytorch#13246); the
+# rest of a rise is memory the worker allocated itself, which shared memory does not show.
+COPY_ON_READ_SHARED_SHARE = 0.5
 MEMORY_GROWTH_MIN_B = 64 * 2**20
 MEMORY_GROWTH_MIN_POINTS = 5
 # gpufeed batch-size: the share of capacity the largest batch may use (default): headroom for the
@@ -378,3 +394,18 @@ OFFLOAD_RECORD_EVERY = 64
 # actors, and a local Ray started for the run stops with it: a few seconds on a loaded machine);
 # past it, it is killed (a local Ray's processes die with it: Ray ties their lives to their driver's).
 OFFLOAD_DRIVER_CLOSE_S = 15.0
+
+
+# -- Advice in proportion (``analysis/selfcheck.py``, ``offload/sizing.py``) -----------------------------
+# Offloading to a Ray cluster is advised only when the step alone (the what-if ceiling) is at least this
+# many times what the best local setting reaches: a cluster brings nodes to pay for, a network hop and
+# serialisation per batch (docs/offload.md), which a gain of a few tens of percent rarely repays; a
+# larger host or cheaper samples get that much more simply. Cachew (ATC 2022) adds one remote worker at
+# a time and only while it buys > 7%: 1.5x is six such steps.
+OFFLOAD_ADVICE_MIN_GAIN = 1.5
+# A DataLoader fix is offered only when its predicted gain's upper end clears the run's own noise (the
+# what-if noise, at least WHATIF_NOISE_FLOOR): a change predicted within the noise would be a guess.
+# And a headline of COMPUTE is contradicted when a fix is predicted to gain more than this, at its low
+# end: the input pipeline then costs more than the wait shows (the self-check says so and why).
+SELFCHECK_CONTRADICTING_GAIN = 1.10
+

@@ -11,6 +11,15 @@ def fmt(value: float | int | None, spec: str = ".3g", unit: str = "") -> str:
     return format(value, spec) + unit
 
 
+def rate_fmt(value: float | None) -> str:
+    """A rate with three significant figures, thousands grouped: 3.2, 48.7, 351, 1,230, 12,300."""
+    if value is None or value != value:
+        return NA
+    if abs(value) >= 100:
+        return f"{float(f'{value:.3g}'):,.0f}"
+    return f"{value:.3g}" if abs(value) >= 1 else f"{value:.2g}"
+
+
 def human_bytes(value: float | None) -> str:
     if value is None or value != value:
         return NA

@@ -2,7 +2,7 @@
 
 Elsewhere than CI a missing one skips its tests, and the summary (``-ra`` in pyproject's addopts)
 lists each skip with its reason. On CI (``CI`` set to anything but empty, ``0`` or ``false``) a
-missing one FAILS the test: CI installs them all (``scripts/test-deps.sh``, ``scripts/setup.sh``),
+missing one FAILS the test: CI installs them all (``scripts/test-deps.sh``, ``scripts/setup.sh --test``),
 so missing means the set-up broke, and a skipped test would hide it.
 """
 from __future__ import annotations
@@ -41,5 +41,5 @@ def library(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as error:
-        missing(f"the {name} library ({error})", "bash scripts/setup.sh installs it with gpufeed[test]")
+        missing(f"the {name} library ({error})", "bash scripts/setup.sh --test installs it with gpufeed[test]")
         raise AssertionError("unreachable") from error

@@ -80,6 +80,8 @@ class Scenario:
     # num_workers says: none is started) and the `offload` events, each written at its "t"
     offload: dict | None = None
     offload_events: list[dict] = field(default_factory=list)
+    # Programs outside the command: the sampler's ``others`` rows ([pid, name, cores]), every 2 s
+    others: list[list] | None = None
 
 
 def write_run(path: Path, sc: Scenario) -> Path:
@@ -293,6 +295,8 @@ def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list
         cores = sc.host_cpu_per_core or [sc.host_cpu_pct] * sc.cpu_count
         lines.append({"t": t, "cpu_pct": cores, "iowait_pct": 0.5,
                       "mem_used_b": 8 * 2**30, "mem_total_b": 24 * 2**30, "procs": procs, "gpus": gpus})
+        if sc.others is not None and k % 20 == 0:
+            lines[-1]["others"] = sc.others
         t += 0.1
         k += 1
     writer.write_many(lines)

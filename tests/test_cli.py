@@ -203,9 +203,26 @@ def test_crash_midway_keeps_what_was_measured(tmp_path):
     assert diag["bottleneck"] is not None and diag["findings"]
 
 
+def test_steps_that_cannot_count_anything_are_said_early(tmp_path):
+    """--steps counts DataLoader batches: a loop without one is told so 20 s after its start, while it
+    runs, not after it has run to its end (issue 31, point 1)."""
+    from gpufeed.measure.runner import STEPS_UNCOUNTED_AFTER_S
+    seconds = STEPS_UNCOUNTED_AFTER_S + 4
+    started = time.monotonic()
+    result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--steps", "40", "--", sys.executable,
+                      str(WORKLOADS / "no_dataloader.py"), "--seconds", str(seconds)], cwd=tmp_path, timeout=120)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    assert time.monotonic() - started >= seconds  # it ran to its own end: nothing could stop it
+    assert ("--steps 40 counts DataLoader batches, and no DataLoader has been iterated in the first "
+            f"{STEPS_UNCOUNTED_AFTER_S:.0f} s") in result.stderr
+    assert "NOT MEASURED" in result.stdout
+
+
 def test_no_dataloader_still_reports_the_host(tmp_path):
     diag = diagnose(tmp_path, "no_dataloader.py")
     assert "no_dataloader" in ids(diag)
+    assert diag["bottleneck"] is None and diag["not_measured"]  # no verdict without a measurement
+    assert "Bottleneck: NOT MEASURED: the command never iterated a torch DataLoader" in diag["_stdout"]
     m = diag["metrics"]
     # The script computes without a pause for 2 s: its own process tree used a real share of a core,
     # and the host's CPU use (which includes it) is at least that share of all cores.

@@ -172,22 +172,46 @@ def test_memory_growth_quiet_for_a_sawtooth(tmp_path):
 
 
 # -- worker_memory_growth --------------------------------------------------------------------------------
-def workers_with_private_growth(tmp_path, grown_b: float, **scenario) -> Path:
+def workers_with_private_growth(tmp_path, grown_b: float, shared_fell_b: float | None = None,
+                                **scenario) -> Path:
+    """Workers whose private memory grew by ``grown_b`` while their shared memory fell by
+    ``shared_fell_b`` (None: shared memory not read, as in records before it was)."""
     run = run_of(tmp_path, **{"num_workers": 2, **scenario})
     workers = sorted(int(p.stem) for p in (run / schema.EVENTS_DIR).glob("*.jsonl") if int(p.stem) != MAIN_PID)
+    shared = {} if shared_fell_b is None else {"shared_start_b": 200 * MiB}
     for pid in workers:
-        append(run, pid, {"kind": "memory", "t": 1.0, "uss_start_b": 4 * MiB})
+        append(run, pid, {"kind": "memory", "t": 1.0, "uss_start_b": 4 * MiB, **shared})
+        end = {} if shared_fell_b is None else {"shared_b": int(200 * MiB - shared_fell_b)}
         append(run, pid, {"kind": "exit", "t": 9.0, "reason": "exit", "rss_peak_b": 210 * MiB,
-                          "uss_b": int(4 * MiB + grown_b)})
+                          "uss_b": int(4 * MiB + grown_b), **end})
     return run
 
 
-def test_worker_memory_growth_is_copy_on_read(tmp_path):
-    f = analyze(workers_with_private_growth(tmp_path, 90 * MiB)).finding("worker_memory_growth")
-    assert f is not None
-    assert f.evidence["workers"] == 2
+def test_worker_memory_growth_is_copy_on_read_when_shared_pages_turn_private(tmp_path):
+    f = analyze(workers_with_private_growth(tmp_path, 90 * MiB, shared_fell_b=85 * MiB)).finding("worker_memory_growth")
+    assert f is not None and f.group == "memory"
+    assert f.evidence["workers"] == 2 and f.evidence["workers_alive_together"] == 2
     assert f.evidence["uss_growth_per_worker_b"] == 90 * MiB
+    assert f.evidence["shared_fall_per_worker_b"] == 85 * MiB
     assert "copy-on-read" in f.message and "numpy arrays" in f.recommendation
+
+
+@pytest.mark.parametrize("shared_fell_b", [5 * MiB, None], ids=["shared-kept", "shared-not-read"])
+def test_private_growth_without_shared_pages_falling_is_not_called_copy_on_read(tmp_path, shared_fell_b):
+    """An ImageFolder of 240 (path, label) pairs cannot copy 90 MiB on read: growth whose shared pages
+    did not fall (or were not read) is the worker's own allocation, and numpy arrays are not the fix."""
+    f = analyze(workers_with_private_growth(tmp_path, 90 * MiB, shared_fell_b=shared_fell_b)).finding(
+        "worker_memory_growth")
+    assert f is not None and f.severity == "low"
+    assert "is not copy-on-read" in f.message or "cannot be told" in f.message
+    assert "numpy arrays" not in f.recommendation and "tracemalloc" in f.recommendation
+
+
+def test_memory_findings_rank_after_the_time_findings_by_bytes(tmp_path):
+    d = analyze(workers_with_private_growth(tmp_path, 90 * MiB, shared_fell_b=85 * MiB, wait_s=0.01))
+    groups = [f.group for f in d.findings]
+    assert "memory" in groups and "time" in groups
+    assert groups == sorted(groups, key=lambda g: g != "time"), d.finding_ids
 
 
 def test_worker_memory_growth_counts_what_is_held_at_once(tmp_path):

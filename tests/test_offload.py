@@ -116,18 +116,24 @@ def test_pool_sends_batch_k_to_worker_k_mod_n_as_torch_does_and_skips_lost_ones(
 
 
 def _metrics(**kw):
-    base = dict(cpu_count=2, loader_cpu_bound_samples_per_s=100.0, compute_per_batch_ms=40.0, steps=100, samples=3200)
+    base = dict(cpu_count=2, loader_cpu_bound_samples_per_s=100.0, compute_per_batch_ms=40.0, steps=100, samples=3200,
+                samples_per_s=100.0)
     return SimpleNamespace(**{**base, **kw})
 
 
 def test_cores_needed_from_the_what_if_model_first():
     from gpufeed.offload.sizing import FROM_MODEL, cores_needed
-    needed = cores_needed(_metrics(), SimpleNamespace(cannot_predict=None, cores_for_ceiling=9), ["python", "t.py"])
+    best = SimpleNamespace(samples_per_s=100.0, high=112.0)  # the best local setting, with its range
+    model = SimpleNamespace(cannot_predict=None, cores_for_ceiling=9, best=best, ceiling_samples_per_s=800.0)
+    needed = cores_needed(_metrics(), model, ["python", "t.py"])
     assert (needed.cores, needed.host_cores, needed.source) == (9, 2, FROM_MODEL)
     assert needed.command == "gpufeed run --offload ray --ray-address ADDRESS --ray-workers 9 -- python t.py"
     assert "needs 9 cores" in needed.sentence() and needed.command in needed.sentence()
     # The model says these cores already reach the ceiling: nothing to offload.
     assert cores_needed(_metrics(), SimpleNamespace(cannot_predict=None, cores_for_ceiling=None), []) is None
+    # A ceiling 1.4x the best local setting: not worth a cluster (OFFLOAD_ADVICE_MIN_GAIN).
+    close = SimpleNamespace(cannot_predict=None, cores_for_ceiling=3, best=best, ceiling_samples_per_s=140.0)
+    assert cores_needed(_metrics(), close, []) is None
 
 
 def test_cores_needed_from_cpu_per_sample_and_step_time_without_the_model():
@@ -138,6 +144,8 @@ def test_cores_needed_from_cpu_per_sample_and_step_time_without_the_model():
     assert (needed.cores, needed.source) == (16, FROM_RATES)
     assert cores_needed(_metrics(compute_per_batch_ms=1000.0), None, []) is None  # 2 cores keep up
     assert cores_needed(_metrics(loader_cpu_bound_samples_per_s=None), None, []) is None  # not measured: silent
+    # The step alone would be 1.25x the measured rate: not worth a cluster.
+    assert cores_needed(_metrics(samples_per_s=640.0), None, []) is None
 
 
 def test_the_users_own_modules_travel_by_value_to_nodes_without_them(tmp_path, monkeypatch):

@@ -73,7 +73,10 @@ def test_too_many_workers_fires_on_contention(tmp_path):
     f = d.finding("too_many_workers")
     assert f is not None
     assert f.evidence["worker_running_share"] == 1.0
-    assert "num_workers=1" in f.recommendation
+    # Its fix (1 worker, the cores less the step's) is predicted slower than 8 contending workers on this
+    # record, whose step needs no core of its own: the self-check does not offer it (issue 31, point 5).
+    assert f.gain is not None and f.gain["high"] < 1.0
+    assert "No DataLoader change is offered" in f.recommendation and f.fix_settings is None
     assert d.finding("cpu_saturated") is None  # more workers than cores: the cure is fewer, not cheaper
     assert d.finding("storage_latency") is None
 
@@ -133,8 +136,8 @@ def test_pageable_transfer_fires_on_blocking_copies(tmp_path):
     d = diagnose(tmp_path, PAGEABLE)
     f = d.finding("pageable_transfer")
     assert f is not None and f.evidence["h2d_pageable_share"] == pytest.approx(0.38, abs=0.02)
-    # Copies cost 38%; the step's compute takes the rest and dominates. Never compute_bound beside it.
-    assert d.bottleneck == "compute" and d.costs["transfer"] == pytest.approx(0.38, abs=0.02)
+    # Copies cost 38%: the loss the headline names, though compute takes more. Never compute_bound beside it.
+    assert d.bottleneck == "transfer" and d.costs["transfer"] == pytest.approx(0.38, abs=0.02)
     assert d.finding("compute_bound") is None
     big = diagnose(tmp_path / "big", dataclasses.replace(PAGEABLE, h2d_host_s=0.007))
     assert big.bottleneck == "transfer" and big.finding("pageable_transfer") is not None
@@ -197,6 +200,19 @@ def test_no_dataloader(tmp_path):
     d = diagnose(tmp_path, NO_LOADER)
     assert d.finding_ids == ["no_dataloader"]
     assert "40%" in d.finding("no_dataloader").message  # host utilization is still reported
+    # No verdict without a measurement: not "COMPUTE" (issue 31, point 1).
+    assert d.bottleneck is None and d.input_bound is None
+    assert d.not_measured == "the command never iterated a torch DataLoader, so no training step was timed"
+    assert d.to_dict()["bottleneck"] is None and d.to_dict()["not_measured"] == d.not_measured
+
+
+@pytest.mark.parametrize("end_reason", ["failed", "interrupted"])
+def test_a_command_that_ended_before_its_first_batch_gets_no_verdict(tmp_path, end_reason):
+    from gpufeed.present.terminal import headline
+    d = diagnose(tmp_path, dataclasses.replace(NO_LOADER, end_reason=end_reason))
+    assert d.bottleneck is None and d.findings == []
+    assert d.not_measured == "the command ended before any DataLoader delivered a batch"
+    assert headline(d) == "NOT MEASURED: the command ended before any DataLoader delivered a batch"
 
 
 def test_loader_stalled_names_what_workers_do(tmp_path):
@@ -292,14 +308,41 @@ def test_cpu_saturated_sizes_the_cores_from_the_what_if_model_it_is_given(tmp_pa
 
     def sized(what_if):
         return cpu_saturated(rules.Context(record=record, metrics=metrics, training=training, what_if=what_if))
-    f = sized(SimpleNamespace(cannot_predict=None, cores_for_ceiling=metrics.cpu_count + 7))
+    best = SimpleNamespace(samples_per_s=100.0, high=110.0)
+    f = sized(SimpleNamespace(cannot_predict=None, cores_for_ceiling=metrics.cpu_count + 7, best=best,
+                              ceiling_samples_per_s=400.0))
     assert (f.evidence["cores_needed"], f.evidence["cores_needed_from"]) == (metrics.cpu_count + 7, FROM_MODEL)
     assert f"--ray-workers {metrics.cpu_count + 7}" in f.recommendation
     assert sized(SimpleNamespace(cannot_predict="too few steps")).evidence["cores_needed_from"] == FROM_RATES
     quiet = sized(SimpleNamespace(cannot_predict=None, cores_for_ceiling=None))
     assert "cores_needed" not in quiet.evidence and "--offload" not in quiet.recommendation
+    # A ceiling within reach of the best local setting is not worth a cluster (MNIST-like: 10% above).
+    close = sized(SimpleNamespace(cannot_predict=None, cores_for_ceiling=metrics.cpu_count + 1, best=best,
+                                  ceiling_samples_per_s=110.0))
+    assert "cores_needed" not in close.evidence and "--offload" not in close.recommendation
 
 
 def test_no_offload_advice_where_more_workers_are_the_fix(tmp_path):
     f = diagnose(tmp_path, FEW_WORKERS).finding("too_few_workers")
     assert "--offload" not in f.recommendation and "cores_needed" not in f.evidence
+
+
+# -- other programs (issue 31, point 9) -------------------------------------------------------------------
+# 2 workers at 30% and the step at 100% of a core: the job takes 1.6 cores; the host's 2 cores are 99% busy.
+CROWDED = Scenario(host_cpu_pct=99, worker_cpu_pct=30, train_cpu_pct=100, wait_s=0.004, fetch_cpu_s=0.014,
+                   others=[[4242, "ffmpeg", 0.35], [4343, "python3", 0.05]])
+
+
+def test_other_programs_are_named_with_what_they_cost(tmp_path):
+    d = diagnose(tmp_path, CROWDED)
+    f = d.finding("other_programs")
+    assert f is not None, d.finding_ids
+    assert f.evidence["other_cores"] == pytest.approx(1.98 - 1.6, abs=0.02)
+    assert [p["pid"] for p in f.evidence["programs"]] == [4242]  # 0.05 cores is below the bar
+    assert "pid 4242 (ffmpeg) 0.3 cores" in f.message or "pid 4242 (ffmpeg) 0.4 cores" in f.message
+    assert "at most" in f.message or "what-if model puts this run at" in f.message
+
+
+def test_other_programs_stay_quiet_on_a_quiet_machine(tmp_path):
+    d = diagnose(tmp_path, dataclasses.replace(CROWDED, host_cpu_pct=80, others=[]))
+    assert d.finding("other_programs") is None

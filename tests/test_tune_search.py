@@ -24,7 +24,8 @@ def fake_diagnosis(data_wait=0.5, startup=0.0, cpu_ratio=0.9, torch_threads=1, c
                    cores_used=1.0):
     metrics = SimpleNamespace(data_wait_share=data_wait, worker_startup_share=startup,
                               worker_fetch_cpu_ratio=cpu_ratio, worker_torch_threads=torch_threads,
-                              cuda_used=cuda, gpu_idle_share=None, cpu_cores_command=cores_used, cpu_count=2)
+                              cuda_used=cuda, gpu_idle_share=None, cpu_cores_command=cores_used, cpu_count=2,
+                              startup_in_iter_share=None, fork_step_share=None, restart_wait_share=None)
     return SimpleNamespace(metrics=metrics, finding=lambda fid: fid if fid in findings else None)
 
 
@@ -95,12 +96,49 @@ def test_too_many_workers_walks_down():
     assert result.speedup > 1.5
 
 
-def test_compute_bound_keeps_the_fewest_workers_that_keep_up():
+def test_compute_bound_ties_keep_your_configuration():
+    """Fewer workers tie with yours on a compute-bound loop: the search finds the cheapest (0), the
+    alternated pairs measure it a tie with yours, and a tie with yours keeps yours (issue 31, point 6)."""
     flat = Workload(lambda s: 1000.0, diagnosis=lambda s: fake_diagnosis(data_wait=0.0))
     result = run_search(flat, start(4))
-    assert result.best.settings.num_workers == 0
+    assert result.confirmation["of"] == next(t.id for t in result.trials if t.settings.num_workers == 0)
+    assert result.confirmation["kept_yours"] and result.confirmation["pairs"] == 2
+    assert result.best is result.baseline and result.best.settings.num_workers == 4
     assert 0.9 < result.speedup < 1.1
     assert all((t.settings.num_workers or 0) <= 4 for t in result.trials)  # never climbed
+
+
+def test_the_speedup_reported_is_the_confirmed_median_not_the_luckiest_run():
+    """The winner's first run was lucky (2x what it gives): the pairs, yours then the winner's, measure
+    what it gives, and that is the speed-up reported, with its range."""
+    calls = {"n": 0}
+
+    def lucky(s):
+        if (s.num_workers or 0) == 32 and calls.setdefault("w32", 0) == 0:
+            calls["w32"] = 1
+            return storage_bound(s) * 2
+        return storage_bound(s)
+    workload = Workload(lucky, noise=0.0)
+    result = run_search(workload, start(2))
+    c = result.confirmation
+    assert c["pairs"] == 2 and len(c["ratios"]) == 2 and not c.get("kept_yours")
+    assert result.speedup == pytest.approx(c["speedup"]) and c["low"] <= c["speedup"] <= c["high"]
+    best = result.best.settings
+    assert result.speedup == pytest.approx(storage_bound(best) / storage_bound(start(2)))
+    assert [s == normalise(start(2)) for s in workload.runs[-4:]] == [True, False, True, False]
+
+
+def test_a_trial_the_budget_never_started_is_not_listed():
+    clock = {"t": 0.0}
+
+    def timed(s):
+        clock["t"] += 1.0  # each run takes the 1 s its TrialRun says
+        return storage_bound(s)
+    result = Search(Workload(timed, noise=0.0), start(2), cpu_count=2, budget_s=3.5,
+                    clock=lambda: clock["t"]).run(command=["train.py"])
+    assert result.stopped == "budget"
+    assert all(t.runs for t in result.trials)
+    assert clock["t"] <= 3.5  # no run started that the longest run said could not end inside it
 
 
 def test_thread_cap_is_tried_only_when_workers_run_several_threads():
@@ -351,7 +389,8 @@ def test_a_confirmed_model_saves_the_ladder():
     noise comes from the halves of your run, so yours runs once."""
     confirmed = Workload(storage_bound, noise=0.0, diagnosis=lambda s: with_model(32, speedup=16.0, noise=0.04))
     result = run_search(confirmed, start(2))
-    assert [(s.num_workers, s.prefetch_factor) for s in confirmed.runs] == [(2, 2), (32, 2), (32, 4)]
+    # the search, then two alternated pairs, yours then the winner's
+    assert [(s.num_workers, s.prefetch_factor) for s in confirmed.runs] == [(2, 2), (32, 2), (32, 4)] + [(2, 2), (32, 4)] * 2
     assert result.best.settings == normalise(start(32, prefetch_factor=4))
     assert result.noise == pytest.approx(0.04)
     # Predicted 4x where 16x was measured: the model is wrong about this job, and the ladder is searched.
@@ -383,7 +422,7 @@ def test_a_confirmed_pick_short_of_the_peak_is_checked_beyond():
     fed = Workload(cpu_bound, noise=0.0, diagnosis=lambda s: with_model(2, speedup=1000 / 300, noise=0.03,
                                                                         data_wait=0.6 if s.num_workers == 0 else 0.0))
     result = run_search(fed, start(0))
-    assert [s.num_workers for s in fed.runs] == [0, 2]
+    assert [s.num_workers for s in fed.runs] == [0, 2] + [0, 2] * 2  # the search, then the pairs
     assert result.best.settings.num_workers == 2
 
 

@@ -22,6 +22,8 @@ class Context:
     # The what-if model's answers (``whatif.WhatIf``: ``cannot_predict`` says why there are none), measured
     # before the rules run, for a rule that sizes its advice from them; None where not measured.
     what_if: Any = None
+    # (your settings, the same on a machine no other program shares): ``whatif.quiet_machine``.
+    quiet: Any = None
 
 
 Rule = Callable[[Context], Optional[Finding]]

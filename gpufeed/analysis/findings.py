@@ -34,11 +34,18 @@ class Finding:
     evidence: dict[str, Any]         # the measured numbers behind the message, units in the names
     thresholds: dict[str, float] = field(default_factory=dict)  # the bars those numbers crossed
     cost_share: float | None = None  # share of the wall time this costs; findings are ranked by it
+    # The DataLoader settings the fix sets ({"num_workers": 6, ...}); None: the fix is not a setting.
+    fix_settings: dict[str, Any] | None = None
+    # The fix's predicted gain (``selfcheck.attach_gains``): {"speedup", "low", "high", "samples_per_s",
+    # "setting"}, or {"cannot_predict": why}; None where the fix is not a DataLoader setting.
+    gain: dict[str, Any] | None = None
+    group: str = "time"              # "time": ranked by the time it costs; "memory": by the bytes it holds
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["evidence"] = {k: json_safe(v) for k, v in self.evidence.items()}
         d["cost_share"] = json_safe(self.cost_share)
+        d["gain"] = None if self.gain is None else {k: json_safe(v) for k, v in self.gain.items()}
         return d
 
 
@@ -46,7 +53,7 @@ class Finding:
 class Diagnosis:
     """The analysis of one run: its primary bottleneck, findings (ranked), metrics and loaders."""
 
-    bottleneck: str | None           # one of BOTTLENECKS, the largest share of costs; None when nothing could be measured
+    bottleneck: str | None           # one of BOTTLENECKS (``analysis.primary_bottleneck``); None when not measured
     findings: list[Finding]
     metrics: Metrics
     loaders: list[LoaderSummary]
@@ -59,6 +66,10 @@ class Diagnosis:
     # The wall time split by BOTTLENECKS (shares; None where not measured): the headline's numbers.
     costs: dict[str, float | None] = field(default_factory=dict)
     what_if: Any = None              # analysis.whatif.WhatIf: predictions for other settings
+    # TensorFlow's bands of the input pipeline's share: "highly" (>= 20%), "moderately" (5-20%), "not".
+    input_bound: str | None = None
+    not_measured: str | None = None  # why there is no verdict (then ``bottleneck`` is None)
+    checks: list[str] = field(default_factory=list)  # what the self-check changed, and why (``selfcheck``)
 
     @property
     def training(self) -> LoaderSummary | None:
@@ -76,6 +87,9 @@ class Diagnosis:
     def to_dict(self) -> dict[str, Any]:
         return {
             "bottleneck": self.bottleneck,
+            "input_bound": self.input_bound,
+            "not_measured": self.not_measured,
+            "checks": self.checks,
             "costs": {k: json_safe(v) for k, v in self.costs.items()},
             "findings": [f.to_dict() for f in self.findings],
             "metrics": self.metrics.to_dict(),

@@ -71,7 +71,8 @@ class Metrics:
     window_start_t: float | None = None       # the window on the record's clock (seconds)
     window_end_t: float | None = None
     steps: int = 0
-    warmup_steps: int = 0
+    warmup_steps: int = 0                     # the steps before the window: the warm-up asked, and more to start on an epoch
+    warmup_asked: int | None = None           # the warm-up asked for (--warmup)
     samples: int = 0
     # throughput
     samples_per_s: float | None = None         # None where the batches' samples could not be counted:
@@ -112,6 +113,9 @@ class Metrics:
     cpu_util_per_core_pct: list[float] = field(default_factory=list)  # one per core in ``cpu_cores``
     cpu_cores_busy: float | None = None        # cores' worth of time busy on those cores (any program)
     cpu_cores_command: float | None = None     # cores used by the command's own process tree
+    # The busiest programs outside the command over the window: [{"pid", "name", "cores"}], by cores
+    # (the sampler's ``others`` readings, about every 2 s; a reading without a program counts it 0).
+    other_programs: list[dict[str, Any]] = field(default_factory=list)
     iowait_pct: float | None = None
     mem_used_max_b: float | None = None
     mem_total_b: float | None = None
@@ -121,6 +125,15 @@ class Metrics:
     iterators: int = 0
     worker_startup_s: float | None = None
     worker_startup_share: float | None = None
+    # The input pipeline's cost that no next() waited: inside the window, the time iter(loader) took to
+    # build each new iterator (forking its workers) before its first next(), and (CPU-only runs) what the
+    # training steps paid after each fork of the workers (copy-on-write; the what-if model's cow_s, set by
+    # ``analysis.analyze_record``). Shares of ``wall_s``; ``input_share`` adds them to the wait.
+    startup_in_iter_share: float | None = None
+    fork_step_share: float | None = None
+    # Of ``data_wait_share``: the first next() of each iterator whose workers were started inside the
+    # window (they start, then make the first batch): with the two above, what restarting costs.
+    restart_wait_share: float | None = None
     fetch_ms_per_batch_p50: float | None = None
     worker_fetch_cpu_ratio: float | None = None  # CPU time / wall time while fetching (1.0 = one full core)
     worker_asleep_share: float | None = None     # 1 - that ratio, floored at 0
@@ -241,7 +254,8 @@ def _startup_s(it: IteratorRecord) -> float | None:
 def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSummary | None = None) -> Metrics:
     """Metrics of the run; ``loaders`` from ``loader_summaries(record)``. ``training``: the loader to
     measure the step by (default: the one marked training; one rank's, when several ranks ran)."""
-    m = Metrics(cpu_count=record.meta.cpu_count, warmup_steps=record.meta.warmup_steps)
+    m = Metrics(cpu_count=record.meta.cpu_count, warmup_steps=record.meta.warmup_steps,
+                warmup_asked=record.meta.warmup_steps)
     if training is None:
         training = marked_training(loaders)
     window = None
@@ -301,6 +315,11 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
                    for it in record.iterators
                    if it.pid == its[0].pid and it.role != schema.ROLE_EVAL and len(it.steps))
     m.data_wait_share = all_wait / m.wall_s if m.wall_s > 0 else None
+    if m.wall_s > 0:
+        m.startup_in_iter_share = _startup_in_iter_s(its, t0, t1, pauses) / m.wall_s
+        restarted = [it for it in its if it.worker_pids and len(it.steps) and t0 <= it.t_created < t1]
+        m.restart_wait_share = sum(max(min(float(it.steps.t_deliver[0]), t1) - max(float(it.steps.t_request[0]), t0), 0.0)
+                                   for it in restarted) / m.wall_s
     # Samples delivered in the window (the first measured step's batch was requested at t0).
     m.samples = int(np.nansum(measured.samples))
     if m.wall_s > 0:
@@ -311,6 +330,23 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
         else:
             m.samples_per_s_consumed = m.samples / m.wall_s
     return t0, t1
+
+
+def _startup_in_iter_s(its: list[IteratorRecord], t0: float, t1: float, pauses: list[tuple[float, float]]) -> float:
+    """Time inside [t0, t1] that iter(loader) spent building each iterator (forking its workers) before
+    the loop's first next() on it: the input pipeline's cost, though no next() waited for it (a
+    non-persistent loader pays it every epoch; the time is otherwise counted as the step's)."""
+    starts = np.array([it.t_created for it in its if len(it.steps)], dtype=float)
+    firsts = np.array([it.steps.t_request[0] for it in its if len(it.steps)], dtype=float)
+    if not len(starts):
+        return 0.0
+    a, b = np.maximum(starts, t0), np.minimum(firsts, t1)
+    return float(np.clip(b - a, 0.0, None).sum() - overlap(a, np.maximum(a, b), pauses).sum())
+
+
+def fork_steps_in_window(its: list[IteratorRecord], t0: float, t1: float) -> int:
+    """Iterators whose workers were forked inside [t0, t1): each fork slows the steps after it."""
+    return sum(1 for it in its if it.worker_pids and len(it.steps) and t0 <= it.t_created < t1)
 
 
 def evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t1: float) -> list[tuple[float, float]]:
@@ -412,9 +448,13 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
             t0, t1 = window
             inside = np.clip(np.minimum(rows.t_end, t1) - np.maximum(rows.t_start, t0), 0, None)
             m.worker_busy_share = float(inside.sum() / (m.wall_s * max(len(producers), 1)))
-            if training.worker_pids and m.samples_unknown is None:
+            # What the workers made counts only where their rows reach the window's end: a worker
+            # killed at the end (persistent workers at exit) loses its last unflushed second of rows,
+            # and a count of nothing is N/A, never 0 samples/s.
+            reach = float(rows.t_end.max()) if len(rows) else -math.inf
+            if training.worker_pids and m.samples_unknown is None and reach >= t1 - th.WORKER_ROWS_REACH_S:
                 produced = rows.samples[(rows.t_end >= t0) & (rows.t_end <= t1)]
-                if not np.isnan(produced).any():
+                if not np.isnan(produced).any() and produced.sum() > 0:
                     m.samples_per_s_produced = float(produced.sum() / m.wall_s)
         # Workers that keep up make one batch per batch's worth of compute (a mean: see above).
         compute_per_batch = (m.compute_per_batch_ms or 0.0) / 1000.0
@@ -465,6 +505,7 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
 
     tree_cores = [sum(row[2] or 0.0 for row in s.procs[i]) / 100.0 for i in np.flatnonzero(mask) if s.procs[i]]
     m.cpu_cores_command = float(np.mean(tree_cores)) if tree_cores else None
+    m.other_programs = _other_programs(record, window)
     if allowed.capacity < len(cores) and m.cpu_cores_command is not None:
         # A quota (or SLURM's count) below the cores it may run on: busy is the job's share of its quota.
         m.cpu_util_pct = min(100.0, 100.0 * m.cpu_cores_command / allowed.capacity)
@@ -495,6 +536,20 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
     if threads:
         m.worker_threads_median = float(np.median([t for t in threads if t is not None] or [np.nan]))
         m.worker_rss_max_b = float(max((r for r in rss if r is not None), default=np.nan))
+
+
+def _other_programs(record: RunRecord, window: tuple[float, float]) -> list[dict[str, Any]]:
+    readings = [rows for t, rows in record.samples.others if window[0] <= t <= window[1]]
+    if not readings:
+        return []
+    cores: dict[int, float] = {}
+    names: dict[int, str] = {}
+    for rows in readings:
+        for pid, name, used in rows:
+            cores[pid] = cores.get(pid, 0.0) + used
+            names[pid] = name
+    programs = [{"pid": pid, "name": names[pid], "cores": total / len(readings)} for pid, total in cores.items()]
+    return sorted((p for p in programs if p["cores"] >= th.OTHER_PROGRAM_MIN_CORES), key=lambda p: -p["cores"])
 
 
 def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, training: Any) -> None:

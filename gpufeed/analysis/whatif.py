@@ -34,7 +34,6 @@ Uncertainty: the same formulas on the per-batch p25 and p75 costs, widened by th
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -951,6 +950,18 @@ def model(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> Mode
     return Model(_answers(spread, _run_noise(record, training, m), m), spread)
 
 
+def quiet_machine(measured: Model) -> tuple[Prediction, Prediction] | None:
+    """(your settings as run, the same on a machine no other program shares), or None where the model
+    cannot predict or other programs took no cores."""
+    spread, answers = measured.spread, measured.answers
+    if spread is None or answers.yours is None or spread.p50.other_cores <= 0:
+        return None
+    quiet = _Spread(*(replace(x, other_cores=0.0) for x in (spread.p25, spread.p50, spread.p75)))
+    c = spread.p50
+    return answers.yours, predict(quiet, c.workers, c.persistent, noise=answers.noise or 0.0,
+                                  why="on a machine no other program shares")
+
+
 def what_if(record: RunRecord, training: LoaderSummary | None, m: Metrics, findings: list = (),
             measured: Model | None = None) -> WhatIf:
     """The answers ``diagnose`` shows: your settings, each finding's DataLoader fix, the best
@@ -1008,18 +1019,15 @@ def _answers(spread: _Spread, noise: float, m: Metrics, cores: float | None = No
                   cores_for_ceiling=needed_c if needed_c > cores - c.other_cores else None)
 
 
-_KEYWORD = re.compile(r"(num_workers|persistent_workers)=(\d+|True)")
-
-
 def _finding_settings(findings, c: Costs):
-    """(why, workers, persistent) for the DataLoader change each finding recommends."""
+    """(why, workers, persistent) for the DataLoader change each finding's fix sets (``fix_settings``)."""
     for f in findings:
-        found = dict(_KEYWORD.findall(getattr(f, "recommendation", "") or ""))
-        if not found:
+        found = getattr(f, "fix_settings", None) or {}
+        if "num_workers" not in found and "persistent_workers" not in found:
             continue
-        w = int(found["num_workers"]) if "num_workers" in found else c.workers
-        persistent = found.get("persistent_workers") == "True" or (c.persistent and "num_workers" in found)
-        if w == 0 and "num_workers" not in found:
+        w = int(found.get("num_workers", c.workers))
+        persistent = bool(found.get("persistent_workers", c.persistent))
+        if w == 0:
             continue
         yield f"the fix of {f.id}", w, persistent
 

@@ -42,6 +42,7 @@ from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
 from gpufeed.autotune.model import live_what_if
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
+from gpufeed.settings import random_stream_note
 from gpufeed.tune.result import FAILED, OK, TrialRun
 
 # The event's ``action``s (docs/run-record.md).
@@ -271,7 +272,10 @@ class Controller:
     def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, float, float] | None:
         """tune's search from ``start``, one live period per trial; switched to its winner."""
         from gpufeed.tune.search import BaselineFailed, Search
-        search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers)
+        # No confirming pairs live: going back to your settings mid-training would cost the run itself;
+        # the watch that follows keeps measuring the winner against what the search saw.
+        search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers,
+                                       confirm_pairs=0)
         try:
             result = search.run()
         except BaselineFailed as error:
@@ -282,7 +286,8 @@ class Controller:
         self.event(SETTLED, settings=best.to_dict(), label=best.label(), samples_per_s=result.best.samples_per_s,
                    user_samples_per_s=result.baseline.samples_per_s, speedup=result.speedup, noise=result.noise,
                    trials=len(result.trials), periods=sum(len(t.runs) for t in result.trials),
-                   stopped=result.stopped)
+                   stopped=result.stopped,
+                   random_stream=random_stream_note(start.num_workers, best.num_workers))
         self._measure(best, "the search's winner")  # switched to at once, and measured once more
         return best, result.best.samples_per_s, result.noise
 

@@ -114,7 +114,8 @@ def describe(event: dict[str, Any]) -> str | None:
     if action == "settled":
         speedup = event.get("speedup")
         gain = f", {speedup - 1:+.0%} against your settings" if speedup else ""
-        return f"settled on {event['label']}{gain} after {event['periods']} periods"
+        stream = f"; {event['random_stream']}" if event.get("random_stream") else ""
+        return f"settled on {event['label']}{gain} after {event['periods']} periods{stream}"
     if action in ("refused", "hold"):
         return f"{action}: {event['why']}"
     if action == "crash":

@@ -195,6 +195,12 @@ def run(command: list[str], args: argparse.Namespace) -> int:
         which = "tf.data pipeline" if config.framework == "tensorflow" else "DataLoader"
         say_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
                  f"applied, or at the end when no {which} matched)")
+        workers = getattr(config.settings, "num_workers", None)
+        if workers is not None:
+            say_note(f"if your script's num_workers is not {workers}: every sample and its order are kept, but each "
+                     "batch's random augmentation draws from another worker's random stream, so a seeded run "
+                     "(torch.manual_seed) gets other augmented batches and its loss curve differs from the second "
+                     "batch on")
     if args.autotune:
         say_note("tuning the training DataLoader while it trains (each switch and the winner are said on stderr)")
     env = bootstrap_env(env)

@@ -36,6 +36,9 @@ STDERR_TAIL_LINES = 20
 # Time the command gets to end by itself once the probe has reached --steps (it asks the process
 # to exit; a loop fed from a thread may not hear it at once, and must not keep gpufeed waiting).
 STEPS_REACHED_GRACE_S = 10.0
+# --steps counts DataLoader batches: a command that has iterated none this long after its start is
+# told so then, not after it has run to its end (a loop without a DataLoader, or one gpufeed cannot see).
+STEPS_UNCOUNTED_AFTER_S = 20.0
 
 
 class CommandNotStarted(Exception):
@@ -213,6 +216,7 @@ class _Run:
         steps_marker = self.run_dir / schema.STEPS_REACHED_MARKER
         deadline = time.monotonic() + self.options.timeout_s if self.options.timeout_s else None
         steps_reached_at = None
+        uncounted_check = time.monotonic() + STEPS_UNCOUNTED_AFTER_S if self.options.steps else None
         while child.poll() is None:
             if stop.first is not None:
                 return schema.END_INTERRUPTED
@@ -226,8 +230,20 @@ class _Run:
                 steps_reached_at = now
             elif steps_reached_at is not None and now - steps_reached_at > STEPS_REACHED_GRACE_S:
                 return schema.END_STEPS_REACHED  # the command did not end when asked: end it
+            if uncounted_check is not None and now > uncounted_check:
+                uncounted_check = None
+                if not _any_iterator(self.run_dir):
+                    self._say(f"gpufeed: --steps {self.options.steps} counts DataLoader batches, and no DataLoader "
+                              f"has been iterated in the first {STEPS_UNCOUNTED_AFTER_S:.0f} s, so it cannot end the "
+                              "command: it runs to its own end (Ctrl-C stops it; what was measured is kept).")
             time.sleep(POLL_S)
         return None
+
+    def _say(self, line: str) -> None:
+        try:
+            print(line, file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
 
     def _record_stall(self, marker: Path, sampler: Sampler) -> None:
         time.sleep(0.5)  # the workers' stack dumps (SIGUSR1, sent by the probe) land meanwhile
@@ -271,6 +287,18 @@ class _Run:
 
     def _finish(self, end_reason: str, exit_code: int | None, message: str | None) -> schema.RunMeta:
         return finish_record(self.run_dir, self.meta, end_reason, exit_code, message, list(self.stderr_tail))
+
+
+def _any_iterator(run_dir: Path) -> bool:
+    """Whether any process of the command has registered a DataLoader iterator (its event flushed)."""
+    for path in (run_dir / schema.EVENTS_DIR).glob("*.jsonl"):
+        try:
+            with open(path, "rb") as f:
+                if b'"t_created"' in f.read(1 << 20):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _end_message(end_reason: str, exit_code: int | None, meta: schema.RunMeta, tail: list[str],

@@ -4,7 +4,9 @@ gives them: for ``diagnose``'s advice when ``cpu_saturated`` fires.
 From the what-if model when it could predict (``WhatIf.cores_for_ceiling``: every batch's CPU, the
 workers' and the training process's, at the rate the step alone allows; docs/what-if.md); else from
 the measured CPU per sample and the step time: cores = (samples per batch / step time) x CPU seconds
-per sample. Nothing is said when the host's cores already suffice.
+per sample. Nothing is said when the host's cores already suffice, nor when the gain would not be
+worth a cluster: the step alone (the ceiling) must be ``OFFLOAD_ADVICE_MIN_GAIN`` times what the best
+local setting reaches (the model's best, else the measured rate), and beyond that setting's range.
 """
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import math
 import shlex
 from dataclasses import dataclass
 from typing import Any
+
+from gpufeed import thresholds as th
 
 FROM_MODEL = "the what-if model"
 FROM_RATES = "the CPU per sample and the step time"
@@ -38,11 +42,23 @@ def cores_needed(metrics: Any, what_if: Any, command: list[str]) -> CoresNeeded 
         cores, source = what_if.cores_for_ceiling, FROM_MODEL  # None: these cores already reach the ceiling
         if cores is None:
             return None
+        best, ceiling = what_if.best, what_if.ceiling_samples_per_s
+        if best is None or not ceiling or ceiling < max(best.high, best.samples_per_s * th.OFFLOAD_ADVICE_MIN_GAIN):
+            return None  # a local setting comes within reach of the step alone: no cluster is worth it
     else:
         cores, source = _from_rates(metrics), FROM_RATES
+        if cores is not None and not _worth_a_cluster(metrics):
+            return None
     if cores is None or cores <= host:
         return None
     return CoresNeeded(cores=cores, host_cores=host, source=source, command=offload_command(command, cores))
+
+
+def _worth_a_cluster(m: Any) -> bool:
+    if not (m.samples_per_s and m.compute_per_batch_ms and m.steps and m.samples):
+        return False
+    ceiling_samples_per_s = (m.samples / m.steps) / (m.compute_per_batch_ms / 1000.0)
+    return ceiling_samples_per_s >= m.samples_per_s * th.OFFLOAD_ADVICE_MIN_GAIN
 
 
 def _from_rates(m: Any) -> int | None:

@@ -12,8 +12,9 @@ from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Findin
 from gpufeed.analysis.metrics import Metrics
 from gpufeed.analysis.offloaded import Offload
 from gpufeed.present.whatif_view import what_if_block
-from gpufeed.units import NA, fmt, human_bytes
+from gpufeed.units import NA, fmt, human_bytes, rate_fmt
 
+COMPUTE = "compute"
 SEVERITY_STYLE = {HIGH: "bold red", MEDIUM: "yellow", LOW: "cyan", INFO: "green"}
 
 
@@ -23,12 +24,12 @@ def numbers_table(d: Diagnosis) -> Table:
     table.add_column(style="bold")
     table.add_column()
     if m.steps:
-        rate = (f"{fmt(m.batches_per_s, ',.1f')} batches/s" if m.samples_unknown
-                else f"{fmt(m.samples_per_s, ',.0f')} samples/s")
+        rate = (f"{rate_fmt(m.batches_per_s)} batches/s" if m.samples_unknown
+                else f"{rate_fmt(m.samples_per_s)} samples/s")
         unknown = f"; samples not counted: {m.samples_unknown}" if m.samples_unknown else ""
         evaluation = f"; {m.eval_s:.1f} s of evaluation left out" if m.eval_s else ""
         table.add_row("Throughput", f"{rate} over {m.steps} steps "
-                                    f"({m.wall_s:.1f} s, after {m.warmup_steps} warm-up steps{evaluation}){unknown}")
+                                    f"({m.wall_s:.1f} s, after {warmup_sentence(m)}{evaluation}){unknown}")
         training = d.training
         if training is not None and training.config.get("site"):
             built = f", built {training.rebuilt} times" if training.rebuilt > 1 else ""
@@ -70,6 +71,15 @@ def numbers_table(d: Diagnosis) -> Table:
     return table
 
 
+def warmup_sentence(m: Metrics) -> str:
+    """"10 warm-up steps", or "10 warm-up steps and 5 more to start on an epoch's boundary"."""
+    asked = m.warmup_asked if m.warmup_asked is not None else m.warmup_steps
+    if m.warmup_steps > asked:
+        more = m.warmup_steps - asked
+        return f"{asked} warm-up steps and {more} more to start on an epoch's boundary"
+    return f"{m.warmup_steps} warm-up step{'s' if m.warmup_steps != 1 else ''}"
+
+
 def autotuned_sentence(m: Metrics) -> str:
     """"autotuned from w1 p2 to w8 p4 persistent (6 switches) · ": --autotune changed the loader, and
     the figures after it describe the settings it ended with."""
@@ -102,18 +112,27 @@ def gpus_named(m: Metrics) -> str:
 
 
 def headline(d: Diagnosis) -> str:
-    """"COMPUTE (95% of the time); input costs 5%": what dominates, and what the others cost."""
-    return (d.bottleneck or "unknown").upper() + costs_sentence(d)
+    """"INPUT (45% of the time: highly input-bound); compute takes 55%": the loss that holds the
+    accelerator back and what the others cost, or why nothing could be judged."""
+    if d.bottleneck is None:
+        return f"NOT MEASURED: {d.not_measured or 'nothing was measured'}"
+    return d.bottleneck.upper() + costs_sentence(d)
 
 
 def costs_sentence(d: Diagnosis) -> str:
-    """" (95% of the time); input costs 5%": the bottleneck's share and the others' (where measured)."""
+    """" (45% of the time: highly input-bound); compute takes 55%": the bottleneck's share and the
+    others' (where measured), with the input pipeline's band beside its share."""
     if d.bottleneck is None:
-        return ""
+        return f": {d.not_measured}" if d.not_measured else ""
+
+    def band(kind: str) -> str:
+        return f": {d.input_bound} input-bound" if kind in ("input", "compute") and d.input_bound else ""
+
     share = d.costs.get(d.bottleneck)
-    head = f" ({share:.0%} of the time)" if share is not None else ""
-    rest = [f"{kind} {'takes' if kind == 'compute' else 'costs'} {v:.0%}" for kind, v in d.costs.items()
-            if kind != d.bottleneck and v is not None and round(v, 2) > 0]
+    head = f" ({share:.0%} of the time{band(d.bottleneck)})" if share is not None else ""
+    rest = [f"{kind} {'takes' if kind == 'compute' else 'costs'} {v:.0%}"
+            + (f" ({d.input_bound} input-bound)" if kind == "input" and d.input_bound and d.bottleneck != COMPUTE else "")
+            for kind, v in d.costs.items() if kind != d.bottleneck and v is not None and round(v, 2) > 0]
     return "; ".join([head] + rest)
 
 
@@ -164,10 +183,21 @@ def ranks_table(d: Diagnosis) -> Table:
 def finding_block(index: int, f: Finding) -> Group:
     head = Text.assemble((f"{index}. ", "bold"), (f"{f.severity.upper():<6}", SEVERITY_STYLE[f.severity]),
                          (f" {f.id}", "bold"), "  ", f.message)
-    fix = Text.assemble(("   fix: ", "bold green"), f.recommendation)
+    fix = Text.assemble(("   fix: ", "bold green"), f.recommendation, (gain_sentence(f), "green"))
     evidence = ", ".join(f"{k}={_evidence_value(v)}" for k, v in f.evidence.items()
                          if v is not None and not isinstance(v, (list, dict)))
     return Group(head, fix, Text(f"   evidence: {evidence}", style="dim"))
+
+
+def gain_sentence(f: Finding) -> str:
+    """" (predicted 1.17x your samples/s, 1.08-1.23x: w1 persistent on 2 cores)", or why no gain is predicted."""
+    g = f.gain
+    if not g or not f.fix_settings:
+        return ""
+    if g.get("cannot_predict"):
+        return f" (gain not predicted: {g['cannot_predict']})"
+    rest = "; prefetch_factor is not predicted, only the workers" if g.get("only_workers_predicted") else ""
+    return f" (predicted {g['speedup']:.2f}x your samples/s, {g['low']:.2f}-{g['high']:.2f}x: {g['setting']}{rest})"
 
 
 def _evidence_value(v: Any) -> str:
@@ -190,14 +220,22 @@ def render(d: Diagnosis, console: Console | None = None) -> None:
             if d.metrics.focus_rank is not None else " (throughput above: the job's)"
         console.print(Panel(ranks_table(d), title=f"{len(d.metrics.ranks)} ranks{focus}", title_align="left",
                             expand=False))
-    if d.findings:
+    timed = [f for f in d.findings if f.group == "time"]
+    memory = [f for f in d.findings if f.group != "time"]
+    if timed:
         console.print(Text("Findings, ranked by the time they cost:", style="bold"))
-        for i, f in enumerate(d.findings, 1):
+        for i, f in enumerate(timed, 1):
+            console.print(finding_block(i, f))
+    if memory:
+        console.print(Text("Memory, ranked by the bytes it holds:", style="bold"))
+        for i, f in enumerate(memory, len(timed) + 1):
             console.print(finding_block(i, f))
     block = what_if_block(d.what_if)
     if block is not None:
         console.print(block)
     for w in d.warnings:
         console.print(Text(f"note: {w}", style="yellow"))
+    for c in d.checks:
+        console.print(Text(f"self-check: {c}", style="yellow"))
     dirs = " ".join(d.run_dirs or [d.run_dir])
     console.print(Text(f"Run record{'s' if len(d.run_dirs) > 1 else ''}: {dirs}  (gpufeed analyze {dirs})", style="dim"))

@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.settings import LoaderSettings, PipelineSettings
+from gpufeed.settings import LoaderSettings, PipelineSettings, random_stream_note
 from gpufeed.analysis.steps import live_samples_per_s
 from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
 from gpufeed.units import count, fmt
@@ -100,12 +100,29 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
                          (f"{fmt(speedup, '.2f')}× ", "bold green"),
                          f"your configuration ({result.baseline.settings.label()}: {fmt(base, ',.0f')} samples/s)")
     console.print(head)
+    c = result.confirmation
+    if c and c.get("speedup") is not None:
+        tried = next((t for t in result.trials if t.id == c.get("of")), None)
+        label = tried.settings.label() if tried is not None else "the winner"
+        if c.get("kept_yours"):
+            console.print(Text(f"Confirmed against yours in {c['pairs']} alternated pairs: {label} at {c['speedup']:.2f}× "
+                               f"({c['low']:.2f}-{c['high']:.2f}×), a tie: your configuration stays.", style="yellow"))
+        else:
+            console.print(Text(f"Confirmed in {c['pairs']} alternated pairs of runs, yours then {label}: "
+                               f"{c['speedup']:.2f}× ({c['low']:.2f}-{c['high']:.2f}×).", style="green"))
+    elif best is not result.baseline:
+        console.print(Text("Not confirmed against yours in alternated pairs (the search ended first): the speed-up "
+                           "is one set of trials against another.", style="yellow"))
     if best is result.baseline or (best.settings == result.baseline.settings):
         console.print("Your configuration is already the fastest measured (within the noise).")
     else:
         console.print(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings, result.training_config)))
     notes = [f"ties: throughputs within {result.noise:.0%} of each other (the measured run-to-run spread) "
              "count as equal; the cheapest of them wins"]
+    stream = random_stream_note(getattr(result.baseline.settings, "num_workers", None),
+                                getattr(best.settings, "num_workers", None)) if best is not result.baseline else None
+    if stream:
+        notes.append(stream)
     if result.stopped == "budget":
         notes.append(f"the budget of {result.budget_s:.0f} s ran out: the search stopped early")
     elif result.stopped == "interrupted":

@@ -100,6 +100,8 @@ class Samples:
     procs: list[list[list[Any]]]  # per sample: rows of schema.PROC_COLUMNS
     gpus: dict[int, dict[str, np.ndarray]]  # index -> util_pct, mem_used_b, mem_total_b (each (n,))
     gpu_procs: list[dict[int, dict[int, int]]]  # per sample: gpu index -> pid -> used bytes
+    # The busiest programs outside the command, about every 2 s: (t, [(pid, name, cores), ...]).
+    others: list[tuple[float, list[tuple[int, str, float]]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -398,6 +400,8 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         procs=[s.get("procs") or [] for s in lines],
         gpus=gpus,
         gpu_procs=gpu_procs,
+        others=[(float(s["t"]), [(int(r[0]), str(r[1]), float(r[2])) for r in s["others"]])
+                for s in lines if isinstance(s.get("others"), list) and s.get("t") is not None],
     )
 
 

@@ -40,9 +40,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               (``next`` or Keras's ``train_function``), the call that waited
 ``exit``      pid, t, reason ("steps_reached", "sigterm" or "exit"), exit_code (from sys.exit(n), an
               uncaught exception (1) or SIGTERM (-15); null when not said), error (the exception); memory at exit where readable:
-              rss_peak_b (VmHWM), uss_b (private memory), and with CUDA cuda_mem_peak_b,
+              rss_peak_b (VmHWM), uss_b (private memory), shared_b (shared memory), and with CUDA cuda_mem_peak_b,
               cuda_mem_reserved_peak_b, cuda_mem_total_b
-``memory``    pid, t, uss_start_b: a DataLoader worker's private memory at its start
+``memory``    pid, t, uss_start_b, shared_start_b: a DataLoader worker's private and shared memory at its start
 ``fork_probe`` pid, child_pid, t_fork, t_forked, t_released, steps, minor_faults, default_start_method
               (how a DataLoader without a multiprocessing_context starts workers there): once per run, inside
               the warm-up, the probe forked a child that only waited, from t_forked to t_released,
@@ -65,7 +65,8 @@ Sample lines (``samples.jsonl``)::
 
     {"t", "cpu_pct": [per core], "iowait_pct", "mem_used_b", "mem_total_b",
      "procs": [[pid, ppid, cpu_pct, threads, status, rss_b], ...],
-     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b}}]}
+     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b}}],
+     "others": [[pid, name, cores], ...]}   # about every 2 s: the busiest programs outside the command
 """
 from __future__ import annotations
 
@@ -129,6 +130,9 @@ class LoaderConfig:
     user_function: str | None = None   # the function of the first of them (train_dataloader, main...)
     framework: str | None = None       # transformers, lightning, keras, timm, accelerate: built the loader
     origin_site: str | None = None     # the user's own DataLoader(...) call this loader was rebuilt from
+    # Settings the call took from the script's command line or config: {"num_workers": {"kind":
+    # "argparse", "flags": ["-j", "--workers"], "store_true": false}} or {"kind": "hydra", "key": ...}.
+    knobs: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Its batches were made on Ray (--offload), not by num_workers local workers: backend, workers,
     # nodes, address (null: a local Ray started for the run). Absent (None) when not offloaded.
     offload: dict[str, Any] | None = None

@@ -117,9 +117,16 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
                  {"where": str, "label": str, "old": dict, "new": dict, "settings": dict, "period": dict}),
 }
 
+def _other_rows(value: Any) -> bool:
+    """[[pid, name, cores], ...]: the busiest programs outside the command."""
+    return isinstance(value, list) and all(
+        isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], str)
+        and isinstance(r[2], (int, float)) for r in value)
+
+
 SAMPLE = {"t": float, "cpu_pct": list[float | None] | None, "iowait_pct": float | None,
           "mem_used_b": float | None, "mem_total_b": float | None, "procs": _or_none(_proc_rows),
-          "gpus": _or_none(_gpus)}
+          "gpus": _or_none(_gpus), "others": _or_none(_other_rows)}
 
 SAMPLER = {"interval_s": float | None, "cpu_s": float | None, "samples": int | None, "gpu_error": str | None}
 
@@ -204,7 +211,7 @@ _TUNE_SUMMARY = {"config": _or_none(_object(_TUNE_CONFIG)), "samples_per_s": flo
 TUNE_DOC = {"command": list[str], "framework": str | None, "site": str | None, "baseline": _or_none(_object(_TUNE_SUMMARY)),
             "best": _or_none(_object(_TUNE_SUMMARY)), "dataloader_kwargs": dict | None,
             "trials": _list_of(_TUNE_TRIAL, ("id",)), "noise": float | None, "budget_s": float | None,
-            "elapsed_s": float | None, "stopped": str | None}
+            "elapsed_s": float | None, "stopped": str | None, "confirmation": dict | None}
 
 _BATCH_TRIAL = {"batch_size": int, "status": str, "reason": str | None, "peak_mem_b": float | None,
                 "samples_per_s": float | None, "run_dir": str | None, "why": str | None, "elapsed_s": float | None}

@@ -135,9 +135,17 @@ class TuneResult:
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
     target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
     training_config: dict | None = None  # the training loader's config in the first run (for the advice)
+    # The winner against your configuration in alternated pairs of runs (``Search._confirm``):
+    # {"pairs", "ratios", "speedup", "low", "high", "of": the trial confirmed, "kept_yours"?}; None:
+    # not confirmed (your configuration won, the budget ran out first, or an older tune.json).
+    confirmation: dict | None = None
 
     @property
     def speedup(self) -> float | None:
+        """The confirmed median ratio where the winner was confirmed; else the trials' medians."""
+        c = self.confirmation
+        if c and c.get("speedup") is not None and not c.get("kept_yours"):
+            return c["speedup"]
         if self.best is None or self.baseline is None or self.best.samples_per_s is None \
                 or not self.baseline.samples_per_s:
             return None
@@ -157,7 +165,7 @@ class TuneResult:
             "dataloader_kwargs": None if tf_data else dataloader_kwargs(self.best.settings),
             "trials": [t.to_dict() for t in self.trials],
             "noise": self.noise, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed_s, 3),
-            "stopped": self.stopped,
+            "stopped": self.stopped, "confirmation": self.confirmation,
         }
         return out
 
@@ -170,7 +178,8 @@ class TuneResult:
         return cls(command=list(doc.get("command") or []), site=doc.get("site"),
                    baseline=_summarised(doc.get("baseline"), trials), best=_summarised(doc.get("best"), trials),
                    trials=trials, noise=doc.get("noise"), budget_s=doc.get("budget_s"),
-                   elapsed_s=doc.get("elapsed_s"), stopped=doc.get("stopped"))
+                   elapsed_s=doc.get("elapsed_s"), stopped=doc.get("stopped"),
+                   confirmation=doc.get("confirmation") if isinstance(doc.get("confirmation"), dict) else None)
 
     @property
     def framework(self) -> str:

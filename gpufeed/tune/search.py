@@ -24,7 +24,11 @@ grid, the search:
 5. tries deeper prefetch when the best configuration still waits for data, pinned memory with CUDA;
    an improvement climbs the ladder again from there;
 6. repeats the contenders within the noise of the best, and among ties takes the cheapest (fewer
-   workers, smaller prefetch: less memory and start-up).
+   workers, smaller prefetch: less memory and start-up);
+7. confirms the winner against the user's configuration in alternated pairs of runs
+   (``TUNE_CONFIRM_PAIRS``): the speed-up reported is the median of the pairs' ratios with their
+   range, never one run of the winner against another of yours (the winner of a search is the
+   luckiest of its runs); a winner whose pairs do not clear the tie band keeps your configuration.
 
 The climb moves on a trial's own number (one run); the comparisons that pick the winner repeat what
 is within the noise. It knows nothing of how a configuration is run: ``measure(settings, why)`` is
@@ -88,7 +92,8 @@ def normalise(settings: LoaderSettings) -> LoaderSettings:
 class Search:
     def __init__(self, measure: Measure, baseline: LoaderSettings, cpu_count: int, *,
                  budget_s: float | None = None, max_workers: int | None = None,
-                 on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic):
+                 on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS):
         self.measure = measure
         self.baseline_settings = self.normalise(baseline)
         self.max_workers = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(cpu_count, 1)
@@ -103,6 +108,8 @@ class Search:
         # None until the model's pick has been measured.
         self.model_agreement: float | None = None
         self._model = None  # the what-if answer the pick came from (its best: the pick's prediction)
+        self.confirm_pairs = confirm_pairs
+        self._confirmation: dict | None = None
         self._t0 = clock()
 
     # -- public ------------------------------------------------------------------------------------
@@ -123,9 +130,40 @@ class Search:
         except _Stop as stop:
             stopped = stop.why
         best = self._winner()
+        if stopped != "interrupted" and best is not baseline and self.confirm_pairs:
+            try:
+                best = self._confirm(baseline, best)
+            except _Stop as stop:
+                stopped = stop.why
+                best = self._confirmed_or_kept(baseline, best)
         return TuneResult(command=list(command or []), site=site, baseline=baseline, best=best,
-                          trials=sorted(self.trials.values(), key=lambda t: t.id), noise=self.noise,
-                          budget_s=self.budget_s, elapsed_s=self.clock() - self._t0, stopped=stopped)
+                          trials=sorted((t for t in self.trials.values() if t.runs), key=lambda t: t.id),
+                          noise=self.noise, budget_s=self.budget_s, elapsed_s=self.clock() - self._t0,
+                          stopped=stopped, confirmation=self._confirmation)
+
+    def _confirm(self, baseline: Trial, best: Trial) -> Trial:
+        """Alternated pairs of runs, yours then the winner's: the speed-up is the median of their
+        ratios, with the range. Where the pairs do not clear the tie band, your configuration stays."""
+        self._confirmation = {"pairs": 0, "ratios": [], "of": best.id}
+        for _ in range(self.confirm_pairs):
+            before = (len(baseline.ok_rates), len(best.ok_rates))
+            self._run_once(baseline)
+            self._run_once(best)
+            if (len(baseline.ok_rates), len(best.ok_rates)) == (before[0] + 1, before[1] + 1):
+                self._confirmation["ratios"].append(best.ok_rates[-1] / baseline.ok_rates[-1])
+                self._confirmation["pairs"] += 1
+        return self._confirmed_or_kept(baseline, best)
+
+    def _confirmed_or_kept(self, baseline: Trial, best: Trial) -> Trial:
+        c = self._confirmation
+        if not c or not c["ratios"]:
+            return best
+        ratios = sorted(c["ratios"])
+        c.update(speedup=statistics.median(ratios), low=ratios[0], high=ratios[-1])
+        if c["speedup"] < 1.0 + th.TUNE_TIE_SHARE_OF_NOISE * self.noise:
+            c["kept_yours"] = True  # a tie with yours keeps yours: no change is worth making for it
+            return baseline
+        return best
 
     def _steps(self, baseline: Trial) -> None:
         """The search proper, once the baseline has set the noise (a subclass searches another space)."""
@@ -164,7 +202,12 @@ class Search:
         return trial
 
     def _run_once(self, trial: Trial) -> None:
-        self._check_budget()
+        try:
+            self._check_budget()
+        except _Stop:
+            if not trial.runs:  # never started: not listed as a trial that failed
+                self.trials.pop(trial.settings, None)
+            raise
         try:
             run = self.measure(trial.settings, trial.why)
         except KeyboardInterrupt:  # between two trials: keep what was measured
@@ -182,11 +225,12 @@ class Search:
         return trial
 
     def _check_budget(self) -> None:
+        """The budget is a limit: no run starts that the longest run so far says cannot end inside it."""
         if self.budget_s is None or not self.trials:
             return
         runs = [r.elapsed_s for t in self.trials.values() for r in t.runs]
-        typical = sorted(runs)[len(runs) // 2] if runs else 0.0
-        if self.clock() - self._t0 + typical > self.budget_s:
+        longest = max(runs) if runs else 0.0
+        if self.clock() - self._t0 + longest > self.budget_s:
             raise _Stop("budget")
 
     def _update_noise(self) -> None:

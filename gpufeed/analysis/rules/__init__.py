@@ -9,6 +9,7 @@
 - ``gpu``: does the GPU saw, or idle while the host fails to queue work?
 - ``general``: the run as a whole (compute-bound, no DataLoader), and a general finding for every
   loss worth naming that no specific rule explained
+- ``others``: do programs outside the command take the cores the job needs?
 - ``ranks``: does one rank hold the others back, or do the ranks differ?
 - ``memory``: allocator cache, room for a larger batch, leaks, copy-on-read in workers
 
@@ -19,13 +20,13 @@ finding goes in the module of its question, and into ``RULES`` below.
 from __future__ import annotations
 
 from gpufeed.analysis.context import Context, Rule
-from gpufeed.analysis.rules import gpu, general, loader, memory, offload, ranks, stall, tf_data, transfer
-from gpufeed.analysis.rules.facts import COMPUTE, HOST, INPUT, TRANSFER, costs, host_idle_share, input_share
+from gpufeed.analysis.rules import gpu, general, loader, memory, offload, others, ranks, stall, tf_data, transfer
+from gpufeed.analysis.rules.facts import COMPUTE, HOST, INPUT, TRANSFER, costs, host_idle_share, input_band, input_share
 from gpufeed.analysis.rules.general import EXPLAINED_BY, unexplained_losses
 from gpufeed.analysis.rules.wording import change_in, keras_wrapped
 
 __all__ = ["Context", "Rule", "RULES", "FINDINGS_WITHOUT_STEPS", "EXPLAINED_BY", "unexplained_losses", "costs",
-           "input_share", "host_idle_share", "INPUT", "TRANSFER", "HOST", "COMPUTE", "change_in", "keras_wrapped"]
+           "input_share", "input_band", "host_idle_share", "INPUT", "TRANSFER", "HOST", "COMPUTE", "change_in", "keras_wrapped"]
 
 # Every rule, in the order their findings are listed when they cost the same: a stuck loader first,
 # then a tf.data pipeline's own causes before the generic ones they explain.
@@ -35,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     tf_data.deterministic_order, tf_data.autotune_off,
     loader.too_few_workers, loader.cpu_saturated, loader.storage_latency, loader.too_many_workers,
     loader.thread_oversubscription, loader.worker_restart, offload.offload_input_wait,
+    others.other_programs,
     transfer.pageable_transfer,
     gpu.fluctuating_utilization, gpu.host_bound,
     general.compute_bound, general.no_dataloader,

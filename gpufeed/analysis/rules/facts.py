@@ -13,12 +13,44 @@ INPUT, TRANSFER, HOST, COMPUTE = "input", "transfer", "host", "compute"
 
 
 def input_share(m: Metrics) -> float | None:
-    """The share of the wall time lost waiting for data. With CUDA events, the GPU's own idle time
-    inside next(loader): a host that waits while the GPU still works through queued steps loses
-    nothing. Elsewhere (CPU training, no events resolved) the loop's wait, which is then the truth."""
-    if m.cuda_used and m.gpu_idle_share is not None:
-        return m.gpu_idle_share
-    return m.data_wait_share
+    """The share of the wall time the input pipeline costs. Its wait: with CUDA events, the GPU's own
+    idle time inside next(loader) (a host that waits while the GPU still works through queued steps
+    loses nothing); elsewhere (CPU training, no events resolved) the loop's wait, which is then the
+    truth. Plus what no next() waited: building each new iterator in iter(loader) (forking its
+    workers), and on a CPU-only run what the steps paid after each fork (copy-on-write)."""
+    wait = m.gpu_idle_share if m.cuda_used and m.gpu_idle_share is not None else m.data_wait_share
+    if wait is None:
+        return None
+    return wait + (m.startup_in_iter_share or 0.0) + (0.0 if m.cuda_used else m.fork_step_share or 0.0)
+
+
+def restart_share(m: Metrics) -> float | None:
+    """Of ``input_share``: what starting the workers again inside the window cost (iter(loader), each
+    epoch's first batch, the steps slowed by the fork); None where no iterator's workers started in it."""
+    parts = [m.startup_in_iter_share, m.restart_wait_share, None if m.cuda_used else m.fork_step_share]
+    if not m.restart_wait_share and not m.fork_step_share:
+        return None
+    return sum(p or 0.0 for p in parts)
+
+
+def steady_input_share(m: Metrics) -> float | None:
+    """The input pipeline's share once its workers run: ``input_share`` less ``restart_share``, the wait
+    that more workers, more CPU or faster storage can buy back (restarts have their own fix)."""
+    share = input_share(m)
+    if share is None:
+        return None
+    return max(share - (restart_share(m) or 0.0), 0.0)
+
+
+def input_band(m: Metrics) -> str | None:
+    """How input-bound the run is, in the bands of TensorFlow's input-pipeline analyzer: "highly" (20%
+    and more of the time), "moderately" (5-20%), "not" (under 5%); None where not measured."""
+    share = input_share(m)
+    if share is None:
+        return None
+    if share >= th.DATA_WAIT_SHARE_HIGH:
+        return "highly"
+    return "moderately" if share >= th.DATA_WAIT_SHARE_FLAG else "not"
 
 
 def host_idle_share(m: Metrics) -> float | None:
@@ -38,8 +70,9 @@ def costs(m: Metrics) -> dict[str, float | None]:
 
 
 def input_bound(m: Metrics) -> bool | None:
-    """The loop waited for data long enough to name it (None: the wait was not measured)."""
-    share = input_share(m)
+    """The loop waited for its running workers long enough to name it (None: the wait was not measured).
+    What restarting them costs is judged apart (``restart_share``, the worker_restart finding)."""
+    share = steady_input_share(m)
     return None if share is None else share >= th.DATA_WAIT_SHARE_FLAG
 
 

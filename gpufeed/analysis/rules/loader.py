@@ -6,10 +6,11 @@ from __future__ import annotations
 from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
-from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, input_share, offloaded,
+from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, offloaded, restart_share,
+                                          steady_input_share,
                                           worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
-from gpufeed.analysis.rules.wording import (change, cores, others_sentence, tune_hint, wait_evidence,
-                                            wait_sentence)
+from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
+                                            wait_evidence, wait_sentence)
 from gpufeed.offload.sizing import cores_needed
 from gpufeed.units import fmt
 
@@ -22,7 +23,7 @@ def too_few_workers(ctx: Context) -> Finding | None:
     if suggested <= m.num_workers:
         return None
     return Finding(
-        id="too_few_workers", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        id="too_few_workers", severity=severity_for(steady_input_share(m)), cost_share=steady_input_share(m),
         message=(f"{wait_sentence(m)} while the CPU was only {fmt(m.cpu_util_pct, '.0f')}% busy: the DataLoader has "
                  f"num_workers={m.num_workers} on {cores(m.cpu_count)} and preparing a batch is CPU work "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms each)."),
@@ -32,6 +33,7 @@ def too_few_workers(ctx: Context) -> Finding | None:
                   "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio, "workers_needed": m.workers_needed},
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG, "cpu_util_pct_below": th.CPU_SATURATED_PCT,
                     "worker_fetch_cpu_ratio_at_least": th.WORKER_ASLEEP_CPU_RATIO},
+        fix_settings={"num_workers": suggested},
     )
 
 
@@ -45,7 +47,7 @@ def cpu_saturated(ctx: Context) -> Finding | None:
     # How many cores the step needs, and the --offload command that gives them (docs/offload.md).
     need = cores_needed(m, ctx.what_if, ctx.record.meta.command)
     return Finding(
-        id="cpu_saturated", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        id="cpu_saturated", severity=severity_for(steady_input_share(m)), cost_share=steady_input_share(m),
         message=(f"{wait_sentence(m)} and all {cores(m.cpu_count)} were {fmt(m.cpu_util_pct, '.0f')}% busy: "
                  f"the CPU cannot prepare batches faster, so more workers cannot help.{others_sentence(m)}"),
         recommendation=(f"Make each sample cheaper to prepare{cost}: decode smaller images, cache decoded "
@@ -67,7 +69,7 @@ def storage_latency(ctx: Context) -> Finding | None:
     # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
     suggested = min(needed, th.TUNE_MAX_WORKERS_PER_CORE * m.cpu_count)
     return Finding(
-        id="storage_latency", severity=severity_for(input_share(m)), cost_share=input_share(m),
+        id="storage_latency", severity=severity_for(steady_input_share(m)), cost_share=steady_input_share(m),
         message=(f"{wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {cores(m.cpu_count)} "
                  f"and the workers were {fmt(m.worker_asleep_share, '.0%')} asleep while fetching "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."
@@ -82,6 +84,7 @@ def storage_latency(ctx: Context) -> Finding | None:
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG,
                     "worker_fetch_cpu_ratio_below": th.WORKER_ASLEEP_CPU_RATIO,
                     "worker_running_share_below": th.WORKER_RUNNABLE_SHARE},
+        fix_settings={"num_workers": suggested, "prefetch_factor": th.LATENCY_PREFETCH_FACTOR},
     )
 
 
@@ -93,7 +96,7 @@ def too_many_workers(ctx: Context) -> Finding | None:
         return None
     running = (f"; {fmt(m.worker_running_share, '.0%')} of worker samples were runnable, waiting for a core"
                if m.worker_running_share is not None else "")
-    cost = input_share(m) if input_bound(m) else None
+    cost = steady_input_share(m) if input_bound(m) else None
     return Finding(
         id="too_many_workers", severity=severity_for(cost), cost_share=cost,
         message=(f"{m.num_workers} DataLoader workers compete for {cores(m.cpu_count)} ({fmt(m.cpu_util_pct, '.0f')}% busy): "
@@ -106,6 +109,7 @@ def too_many_workers(ctx: Context) -> Finding | None:
         thresholds={"num_workers_above": m.cpu_count, "cpu_util_pct": th.CPU_SATURATED_PCT,
                     "worker_fetch_cpu_ratio_below": th.WORKER_CONTENDED_CPU_RATIO,
                     "worker_running_share": th.WORKER_RUNNABLE_SHARE},
+        fix_settings={"num_workers": worker_cap(m)},
     )
 
 
@@ -117,7 +121,7 @@ def thread_oversubscription(ctx: Context) -> Finding | None:
     threads_wanted = m.num_workers * max(torch_threads, m.worker_fetch_cpu_ratio)
     if not workers_multithreaded(m) or threads_wanted <= m.cpu_count:
         return None
-    cost = input_share(m) if input_bound(m) else None
+    cost = steady_input_share(m) if input_bound(m) else None
     return Finding(
         id="thread_oversubscription", severity=severity_for(cost), cost_share=cost,
         message=(f"{m.num_workers} DataLoader workers each run several compute threads "
@@ -137,30 +141,45 @@ def thread_oversubscription(ctx: Context) -> Finding | None:
 
 def worker_restart(ctx: Context) -> Finding | None:
     """Workers started again every epoch: by the loader itself (``persistent_workers=False``), or
-    because the script builds the loader anew each epoch, where ``persistent_workers`` cannot help."""
+    because the script builds the loader anew each epoch, where ``persistent_workers`` cannot help.
+
+    The cost is measured where it falls inside the window (``facts.restart_share``): in iter(loader),
+    in each epoch's first next(), and on a CPU-only run in the steps after the fork (copy-on-write),
+    which a wait in next() never shows. A window without a restart in it: the share of the run's
+    start-ups (first batch included) over its span."""
     m, t = ctx.metrics, ctx.training
-    if (t is None or not m.num_workers or m.iterators < 2 or offloaded(m)
-            or m.worker_startup_share is None or m.worker_startup_share < th.WORKER_STARTUP_SHARE_FLAG):
+    if t is None or not m.num_workers or m.iterators < 2 or offloaded(m):
+        return None
+    share = restart_share(m)
+    if share is None:
+        share = m.worker_startup_share
+    if share is None or share < th.WORKER_STARTUP_SHARE_FLAG:
         return None
     workers = f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''}"
-    cost = f"{fmt(m.worker_startup_s, '.1f')} s of start-up, {fmt(m.worker_startup_share, '.0%')} of the wall time"
-    evidence = {"iterators": m.iterators, "num_workers": m.num_workers, "worker_startup_s": m.worker_startup_s,
+    where = restart_sentence(m)
+    cost = (f"{share:.0%} of the time ({where})" if where else
+            f"{fmt(m.worker_startup_s, '.1f')} s of start-up, {share:.0%} of the wall time")
+    evidence = {"iterators": m.iterators, "num_workers": m.num_workers, "restart_share": share,
+                "startup_in_iter_share": m.startup_in_iter_share, "restart_wait_share": m.restart_wait_share,
+                "fork_step_share": m.fork_step_share, "worker_startup_s": m.worker_startup_s,
                 "worker_startup_share": m.worker_startup_share, "startup_s_per_epoch": m.worker_startup_s / m.iterators,
                 "loaders_built": t.rebuilt, "site": t.config.get("site")}
     if t.rebuilt > 1:
         persistent = (" Its persistent_workers=True cannot help: the loader is thrown away after each epoch."
                       if t.config.get("persistent_workers") else "")
         return Finding(
-            id="loader_rebuilt", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
+            id="loader_rebuilt", severity=severity_for(share), cost_share=share,
             message=(f"The training DataLoader built at {t.config.get('site')} was built anew {t.rebuilt} times "
                      f"(once an epoch), so its {workers} started again each time: {cost}.{persistent}"),
             recommendation=(f"Build it once, before the epoch loop, with persistent_workers=True: "
                             f"{change(ctx, persistent_workers=True)}, then iterate that same loader every epoch."),
-            evidence=evidence, thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG})
+            evidence=evidence, thresholds={"restart_share": th.WORKER_STARTUP_SHARE_FLAG},
+            fix_settings={"persistent_workers": True})
     if t.config.get("persistent_workers"):
         return None
     return Finding(
-        id="worker_restart", severity=severity_for(m.worker_startup_share), cost_share=m.worker_startup_share,
+        id="worker_restart", severity=severity_for(share), cost_share=share,
         message=f"The DataLoader started its {workers} again for each of {m.iterators} epochs: {cost}.",
         recommendation=f"{change(ctx, persistent_workers=True)} keeps the workers alive between epochs.",
-        evidence=evidence, thresholds={"worker_startup_share": th.WORKER_STARTUP_SHARE_FLAG})
+        evidence=evidence, thresholds={"restart_share": th.WORKER_STARTUP_SHARE_FLAG},
+        fix_settings={"persistent_workers": True})

@@ -52,7 +52,7 @@ def allocator_cache(ctx: Context) -> Finding | None:
             + (f" ({fmt(used / capacity, '.0%')} of {human_bytes(capacity)})" if capacity else "") + "; "
             if used else "")
     return Finding(
-        id="allocator_cache", severity=INFO, cost_share=None,
+        id="allocator_cache", severity=INFO, cost_share=None, group="memory",
         message=(f"{seen}PyTorch's caching allocator reserved up to {human_bytes(reserved)}, but live tensors "
                  f"peaked at {human_bytes(allocated)}: {human_bytes(cache)} of it is cached free blocks, kept for "
                  "reuse. That is neither a leak nor a full GPU."),
@@ -81,7 +81,7 @@ def batch_too_small(ctx: Context) -> Finding | None:
     factor = th.BATCH_TARGET_SHARE * capacity / reserved
     util = f"; GPU utilization p95 was {fmt(m.gpu_util_p95_pct, '.0f')}%" if m.gpu_util_p95_pct is not None else ""
     return Finding(
-        id="batch_too_small", severity=LOW, cost_share=None,
+        id="batch_too_small", severity=LOW, cost_share=None, group="memory",
         message=(f"The training process used at most {human_bytes(reserved)} of the GPU's {human_bytes(capacity)} "
                  f"({share:.0%}) with batch_size={batch}{util}: memory grows about linearly with the batch, so a "
                  f"batch at least {factor:.1f}x larger fits, and a larger batch is the cheapest way to keep a fast "
@@ -164,14 +164,14 @@ def memory_growth(ctx: Context) -> Finding | None:
     if grown < th.MEMORY_GROWTH_MIN_B or grown < th.MEMORY_GROWTH_MIN_SHARE * g.start_b:
         return None
     return Finding(
-        id="memory_growth", severity=MEDIUM, cost_share=None,
+        id="memory_growth", severity=MEDIUM, cost_share=None, group="memory",
         message=(f"The training process's {g.what} rose steadily from {human_bytes(g.start_b)} to "
                  f"{human_bytes(g.end_b)} over {g.steps} steps, {human_bytes(g.per_step_b)} per step "
                  f"(R² {g.r2:.2f}): memory that grows step after step is a leak, and the run will end out of memory."),
         recommendation=("Find what is kept across steps: accumulate loss.item() (or loss.detach()), not the loss "
                         "tensor with its graph; detach outputs you store; clear lists of tensors. "
                         "torch.cuda.memory._record_memory_history() (CUDA) or tracemalloc (CPU) shows what grows."),
-        evidence={"memory": g.what, "start_b": g.start_b, "end_b": g.end_b, "per_step_b": g.per_step_b,
+        evidence={"bytes": grown, "memory": g.what, "start_b": g.start_b, "end_b": g.end_b, "per_step_b": g.per_step_b,
                   "grown_b": grown, "r2": g.r2, "steps": g.steps, "readings": g.points},
         thresholds={"r2": th.MEMORY_GROWTH_MIN_R2, "grown_b": th.MEMORY_GROWTH_MIN_B,
                     "grown_share_of_start": th.MEMORY_GROWTH_MIN_SHARE},
@@ -179,14 +179,19 @@ def memory_growth(ctx: Context) -> Finding | None:
 
 
 def worker_memory_growth(ctx: Context) -> Finding | None:
+    """Workers' private memory grew. Copy-on-read is claimed only with its evidence: the workers'
+    shared pages fell as their private ones rose (a forked page turns private when written); else the
+    growth is named for what it is, memory the worker allocated itself (a cache, decoded samples kept)."""
     t = ctx.training
     if t is None or not t.worker_pids:
         return None
-    grown, produced = [], 0.0
+    grown, turned_private, produced = [], [], 0.0
     for pid in t.worker_pids:
         readings = ctx.record.memory.get(pid, {})
         if "uss_start_b" in readings and "uss_b" in readings:
             grown.append(readings["uss_b"] - readings["uss_start_b"])
+            if "shared_start_b" in readings and "shared_b" in readings:
+                turned_private.append(readings["shared_start_b"] - readings["shared_b"])
             produced += sum(float(np.nansum(f.rows[:, 3])) for f in ctx.record.fetches if f.pid == pid)
     if not grown:
         return None
@@ -194,23 +199,39 @@ def worker_memory_growth(ctx: Context) -> Finding | None:
     per_worker = total / len(grown)
     # What the copies cost is the memory held at once: workers started again each epoch never live
     # together (the demo's one worker, started 3 times, copied 29 MiB each: 29 MiB held, not 87).
-    at_once = per_worker * min(len(grown), int(t.config.get("num_workers") or len(grown)))
+    together = min(len(grown), int(t.config.get("num_workers") or len(grown)))
+    at_once = per_worker * together
     if at_once < th.MEMORY_GROWTH_MIN_B or (rss and per_worker < th.MEMORY_GROWTH_MIN_SHARE * rss):
         return None
+    shared_fell = sum(turned_private) / len(turned_private) if turned_private else None
+    copy_on_read = shared_fell is not None and shared_fell >= th.COPY_ON_READ_SHARED_SHARE * per_worker
+    alive = (f"{together} alive at once" if together < len(grown) else f"all {together} alive together")
+    evidence = {"bytes": at_once, "workers": len(grown), "workers_alive_together": together,
+                "uss_growth_per_worker_b": per_worker, "uss_growth_held_at_once_b": at_once,
+                "shared_fall_per_worker_b": shared_fell, "worker_rss_max_b": rss, "samples_produced": produced,
+                "uss_growth_per_1k_samples_b": total / produced * 1000 if produced else None}
+    thresholds = {"uss_growth_held_at_once_b": th.MEMORY_GROWTH_MIN_B,
+                  "uss_growth_share_of_rss": th.MEMORY_GROWTH_MIN_SHARE,
+                  "shared_fall_share_of_growth": th.COPY_ON_READ_SHARED_SHARE}
+    if copy_on_read:
+        return Finding(
+            id="worker_memory_growth", severity=MEDIUM, cost_share=None, group="memory",
+            message=(f"{len(grown)} DataLoader worker processes ({alive}) each copied {human_bytes(per_worker)} of the "
+                     f"memory they shared with the training process, {human_bytes(at_once)} held at once: their shared "
+                     f"pages fell by {human_bytes(shared_fell)} each as their private ones rose (resident set "
+                     f"{human_bytes(rss)} each, which hides it). That is copy-on-read: reading a Python object writes "
+                     "its reference count, so every page of Python objects a worker reads becomes its own copy."),
+            recommendation=("Hold the Dataset's samples in a few large objects instead of many small ones: numpy arrays "
+                            "or torch tensors (strings as one bytes buffer plus offsets), or read them from disk in "
+                            "__getitem__ (pytorch/pytorch#13246)."),
+            evidence=evidence, thresholds=thresholds)
+    why = ("their shared pages did not fall as much, so this is not copy-on-read" if shared_fell is not None
+           else "shared memory was not read, so whether it is copy-on-read cannot be told")
     return Finding(
-        id="worker_memory_growth", severity=MEDIUM, cost_share=None,
-        message=(f"Each of {len(grown)} DataLoader workers copied {human_bytes(per_worker)} of memory it shared with "
-                 f"the training process ({human_bytes(total)} in all, over {produced:,.0f} samples; resident set "
-                 f"{human_bytes(rss)} each, which hides it): copy-on-read. Reading a Python object writes its "
-                 "reference count, so every page of Python objects a worker reads becomes its own copy, up to a "
-                 "full copy of the data per worker."),
-        recommendation=("Hold the Dataset's samples in a few large objects instead of many small ones: numpy arrays "
-                        "or torch tensors (strings as one bytes buffer plus offsets), or read them from disk in "
-                        "__getitem__ (pytorch/pytorch#13246)."),
-        evidence={"workers": len(grown), "uss_growth_per_worker_b": per_worker, "uss_growth_total_b": total,
-                  "uss_growth_held_at_once_b": at_once,
-                  "worker_rss_max_b": rss, "samples_produced": produced,
-                  "uss_growth_per_1k_samples_b": total / produced * 1000 if produced else None},
-        thresholds={"uss_growth_held_at_once_b": th.MEMORY_GROWTH_MIN_B,
-                    "uss_growth_share_of_rss": th.MEMORY_GROWTH_MIN_SHARE},
-    )
+        id="worker_memory_growth", severity=LOW, cost_share=None, group="memory",
+        message=(f"{len(grown)} DataLoader worker processes ({alive}) each grew their private memory by "
+                 f"{human_bytes(per_worker)}, {human_bytes(at_once)} held at once; {why}: the workers allocate it "
+                 "themselves (a cache in the Dataset, decoded samples kept, a library's buffers)."),
+        recommendation=("Find what __getitem__ or the transforms keep between samples (tracemalloc started in "
+                        "worker_init_fn shows it); bound any cache, or share one built before the workers fork."),
+        evidence=evidence, thresholds=thresholds)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.metrics import Metrics
-from gpufeed.analysis.rules.facts import input_share
+from gpufeed.analysis.rules.facts import input_share, restart_share, steady_input_share
 from gpufeed.units import fmt
 
 
@@ -29,15 +29,33 @@ def others_sentence(m: Metrics) -> str:
 
 
 def wait_sentence(m: Metrics) -> str:
+    """"The training loop waited for data 30% of the time (p50 step ...)": the wait more workers, CPU
+    or storage can buy back; what restarting the workers costs is said beside it (``restart_sentence``)."""
     who = "The GPU" if m.cuda_used else "The training loop"
     if m.focus_rank is not None:
         who += f" of rank {m.focus_rank}"
-    return (f"{who} waited for data {fmt(input_share(m), '.0%')} of the time "
-            f"(p50 step {fmt(m.step_time_p50_ms, '.0f')} ms, of which {fmt(m.data_wait_p50_ms, '.0f')} ms in next(loader))")
+    step = (f"(p50 step {fmt(m.step_time_p50_ms, '.0f')} ms, of which {fmt(m.data_wait_p50_ms, '.0f')} ms in "
+            "next(loader))")
+    restart = restart_share(m)
+    if restart is None or restart < 0.005:
+        return f"{who} waited for data {fmt(input_share(m), '.0%')} of the time {step}"
+    return (f"{who} waited for data {fmt(steady_input_share(m), '.0%')} of the time once its workers ran {step}; "
+            f"starting them again each epoch cost {restart:.0%} more")
+
+
+def restart_sentence(m: Metrics) -> str:
+    """"1% in iter(loader) forking them, 2% waiting for each epoch's first batch, 11% in the steps slowed
+    by the fork (copy-on-write)": where restarting the workers cost, each part measured in the window."""
+    parts = [(m.startup_in_iter_share, "in iter(loader) forking them"),
+             (m.restart_wait_share, "waiting for each epoch's first batch"),
+             (None if m.cuda_used else m.fork_step_share, "in the steps slowed by the fork (copy-on-write)")]
+    return ", ".join(f"{share:.0%} {what}" for share, what in parts if share is not None and share >= 0.005)
 
 
 def wait_evidence(m: Metrics) -> dict:
-    return {"data_wait_share": m.data_wait_share, "step_time_p50_ms": m.step_time_p50_ms,
+    return {"input_share": input_share(m), "data_wait_share": m.data_wait_share,
+            "startup_in_iter_share": m.startup_in_iter_share, "fork_step_share": m.fork_step_share,
+            "step_time_p50_ms": m.step_time_p50_ms,
             "data_wait_p50_ms": m.data_wait_p50_ms, "compute_p50_ms": m.compute_p50_ms,
             "compute_per_batch_ms": m.compute_per_batch_ms,
             "samples_per_s": m.samples_per_s, "gpu_idle_share": m.gpu_idle_share}
@@ -74,6 +92,35 @@ def change_in(config: dict, **settings) -> str:
         args = ", ".join(f"{HF_ARGUMENTS[k]}={v!r}" for k, v in settings.items() if k in HF_ARGUMENTS)
         return f"TrainingArguments({args}) (the Trainer builds the DataLoader{f'; trainer at {user}' if user else ''})"
     args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+    return _plain_change(config, framework, site, user, args) + knob_sentence(config, settings)
+
+
+def knob_sentence(config: dict, settings: dict) -> str:
+    """" (or pass `--workers 6`: the script's -j/--workers sets num_workers)": the user's own knob, where
+    the setting comes from the script's command line (argparse) or a Hydra/OmegaConf key."""
+    said = []
+    for name, value in settings.items():
+        source = (config.get("knobs") or {}).get(name)
+        if not source:
+            continue
+        if source.get("kind") == "argparse":
+            flags = source.get("flags") or []
+            flag = next((f for f in flags if f.startswith("--")), flags[0] if flags else None)
+            if flag is None:
+                continue
+            if source.get("store_true"):
+                if value is not True:
+                    continue
+                said.append(f"`{flag}`")
+            else:
+                said.append(f"`{flag} {value}`")
+            said[-1] += f" (the script's {'/'.join(flags)} sets {name})"
+        elif source.get("kind") == "hydra":
+            said.append(f"`{source['key']}={value}` on the command line (the Hydra key that sets {name})")
+    return f"; or pass {' and '.join(said)}" if said else ""
+
+
+def _plain_change(config: dict, framework: str | None, site: str | None, user: str | None, args: str) -> str:
     hook = config.get("user_function")
     in_hook = f" (in {hook}())" if hook in LIGHTNING_HOOKS else ""
     origin = config.get("origin_site")

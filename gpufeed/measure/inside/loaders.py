@@ -286,5 +286,7 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "user_function": built.get("user_function"),
         "framework": built.get("framework"),
         "origin_site": built.get("origin_site"),
+        # Settings the call takes from the script's command line or config (``knobs.py``).
+        "knobs": built.get("knobs") or {},
     }
 

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpufeed.measure.inside import roles
+from gpufeed.measure.inside import knobs, roles
 from gpufeed.settings import LoaderSettings
 
 ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
@@ -124,6 +124,13 @@ def call_site(skip_prefixes: tuple[str, ...], frame=None) -> str | None:
             return f"{portable_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def _site_frame(skip_prefixes: tuple[str, ...], frame):
+    """The frame of the ``DataLoader(...)`` call that ``call_site`` names."""
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip_prefixes):
+        frame = frame.f_back
+    return frame
 
 
 def portable_path(filename: str) -> str:
@@ -234,6 +241,7 @@ def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., Non
         frame = sys._getframe(1)
         site = call_site(skip, frame)
         user = roles.user_code(frame, skip, portable_path, self)
+        user["knobs"] = knobs.knob_sources(_site_frame(skip, frame))
         found = roles.role_from_stack(frame)
         built_as = found[0] if found else user.pop("origin_built_as", None)
         user.pop("origin_built_as", None)

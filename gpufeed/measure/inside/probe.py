@@ -28,7 +28,7 @@ from gpufeed.measure.inside import cuda, lifecycle
 from gpufeed.measure.inside.forking import ForkProbe
 from gpufeed.measure.inside.iterators import IteratorState
 from gpufeed.measure.inside.loaders import FROM_BATCH, describe_batch, describe_error
-from gpufeed.measure.inside.proc_memory import memory_at_exit, private_memory_b
+from gpufeed.measure.inside.proc_memory import memory_at_exit, private_and_shared_b
 from gpufeed.measure.inside.probe_config import ProbeConfig
 from gpufeed.record import schema
 from gpufeed.record.writer import JsonlWriter
@@ -105,7 +105,8 @@ class Probe:
         cuda.unpatch_h2d()
         # Private memory at the worker's start: what it has copied of its parent's pages by its
         # exit (reading Python objects touches their reference counts) is the copy-on-read growth.
-        self.event("memory", t=_clock(), uss_start_b=private_memory_b())
+        uss, shared = private_and_shared_b()
+        self.event("memory", t=_clock(), uss_start_b=uss, shared_start_b=shared)
         # Worker processes of multiprocessing never run atexit handlers; its Finalize hooks do run.
         import multiprocessing.util
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)

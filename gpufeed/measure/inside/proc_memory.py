@@ -16,11 +16,13 @@ def memory_at_exit() -> dict[str, int]:
     (never initialised here), the caching allocator's peaks and the device's size.
     """
     peaks: dict[str, int] = {}
-    rss, uss = rss_peak_b(), private_memory_b()
+    rss, (uss, shared) = rss_peak_b(), private_and_shared_b()
     if rss is not None:
         peaks["rss_peak_b"] = rss
     if uss is not None:
         peaks["uss_b"] = uss
+    if shared is not None:
+        peaks["shared_b"] = shared
     cuda = sys.modules.get("torch.cuda")
     if cuda is not None and cuda.is_initialized():
         try:
@@ -32,13 +34,21 @@ def memory_at_exit() -> dict[str, int]:
     return peaks
 
 
-def private_memory_b() -> int | None:
-    """Private_Clean + Private_Dirty of this process (Linux 4.14+; one read, costs milliseconds)."""
+def private_and_shared_b() -> tuple[int | None, int | None]:
+    """(Private_Clean + Private_Dirty, Shared_Clean + Shared_Dirty) of this process (Linux 4.14+; one
+    read, costs milliseconds). A forked worker's pages move from the second to the first as it writes
+    them: copy-on-read shows as private memory rising while shared memory falls."""
     try:
+        private = shared = 0
         with open("/proc/self/smaps_rollup", "rb") as f:
-            return sum(int(line.split()[1]) * 1024 for line in f if line.startswith(b"Private_"))
+            for line in f:
+                if line.startswith(b"Private_"):
+                    private += int(line.split()[1]) * 1024
+                elif line.startswith(b"Shared_"):
+                    shared += int(line.split()[1]) * 1024
+        return private, shared
     except (OSError, ValueError, IndexError):
-        return None
+        return None, None
 
 
 def rss_peak_b() -> int | None:

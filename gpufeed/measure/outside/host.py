@@ -25,6 +25,11 @@ from gpufeed.measure.outside.nvml import GpuReading, Nvml
 # Finding new descendants scans every process on the host, so do it about once a second;
 # processes already known are read every reading.
 DISCOVER_EVERY_S = 1.0
+# Other programs (outside the tree, gpufeed aside) are read about every 2 s: every process's CPU time,
+# the busiest few kept, so a finding can name who took the job's cores (a few ms a reading here).
+OTHERS_EVERY_S = 2.0
+OTHERS_KEPT = 3
+OTHERS_MIN_CORES = 0.05
 
 _LINUX = sys.platform.startswith("linux")
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if _LINUX else 100
@@ -178,6 +183,8 @@ class HostReader:
         self._last_cores: list[CoreTimes] | None = None
         self._stat_fd = _open_proc("/proc/stat") if _LINUX else None
         self._meminfo_fd = _open_proc("/proc/meminfo") if _LINUX else None
+        self._others_cpu: dict[int, float] = {}   # pid -> CPU seconds at the last others reading
+        self._others_t: float | None = None
 
     def prime(self) -> None:
         """Baselines, so the first reading already has CPU rates over one interval."""
@@ -189,7 +196,7 @@ class HostReader:
         t = self.clock()
         cpu_pct, iowait_pct = self._host_cpu()
         mem_used_b, mem_total_b = self._host_mem()
-        return {
+        reading = {
             "t": t,
             "cpu_pct": cpu_pct,
             "iowait_pct": iowait_pct,
@@ -198,6 +205,39 @@ class HostReader:
             "procs": self._procs(t),
             "gpus": [self._gpu_dict(g) for g in self.nvml.read()],
         }
+        if self._others_t is None or t - self._others_t >= OTHERS_EVERY_S:
+            others = self._others(t)
+            if others is not None:
+                reading["others"] = others
+        return reading
+
+    def _others(self, t: float) -> list[list[Any]] | None:
+        """The busiest programs outside the tree since the last such reading: [[pid, name, cores], ...]
+        (None on the first, which only takes the baseline, and off Linux)."""
+        if not _LINUX:
+            return None
+        skip = set(self._tracked) | {os.getpid()}
+        now: dict[int, float] = {}
+        names: dict[int, str] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in skip:
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+                fields = _after_comm(stat)
+                now[int(entry)] = (int(fields[11]) + int(fields[12])) / _CLK_TCK
+                names[int(entry)] = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode("utf-8", "replace")
+            except (OSError, ValueError, IndexError):
+                continue
+        before, then = self._others_cpu, self._others_t
+        self._others_cpu, self._others_t = now, t
+        if then is None or t <= then:
+            return None
+        # A process born since the last reading counts all its CPU time: it was spent in the interval.
+        rows = [[pid, names[pid], round((cpu - before.get(pid, 0.0)) / (t - then), 2)] for pid, cpu in now.items()]
+        rows = [r for r in rows if r[2] >= OTHERS_MIN_CORES]
+        return sorted(rows, key=lambda r: -r[2])[:OTHERS_KEPT]
 
     def close(self) -> None:
         """Close the kept /proc files (and the NVML gateway, if this reader started it)."""
