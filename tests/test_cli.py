@@ -323,6 +323,11 @@ def test_demo(tmp_path):
     assert all(f'data-finding="{finding}"' in report for finding in ids(diag)) and diag["findings"]
     assert diag["bottleneck"] == "input"
     assert ids(diag) & {"storage_latency", "too_few_workers"}
+    # The demo takes num_workers from its --workers flag: the fix names it, with its predicted gain.
+    fix = next(f for f in diag["findings"] if f["id"] in ("storage_latency", "too_few_workers"))
+    workers = fix["fix_settings"]["num_workers"]
+    assert f"or pass `--workers {workers}` (the script's --workers sets num_workers)" in fix["recommendation"]
+    assert fix["gain"]["speedup"] > 1.0 and fix["gain"]["low"] <= fix["gain"]["speedup"] <= fix["gain"]["high"]
 
 
 SPAWN_SCRIPT = '''

@@ -336,8 +336,11 @@ def _startup_in_iter_s(its: list[IteratorRecord], t0: float, t1: float, pauses: 
     """Time inside [t0, t1] that iter(loader) spent building each iterator (forking its workers) before
     the loop's first next() on it: the input pipeline's cost, though no next() waited for it (a
     non-persistent loader pays it every epoch; the time is otherwise counted as the step's)."""
-    starts = np.array([it.t_created for it in its if len(it.steps)], dtype=float)
-    firsts = np.array([it.steps.t_request[0] for it in its if len(it.steps)], dtype=float)
+    # Only where iter() forks workers: a tf.data iterator's or a num_workers=0 one's creation to its first
+    # next() is the framework's epoch set-up (Keras), not the input pipeline starting.
+    forked = [it for it in its if it.worker_pids and len(it.steps)]
+    starts = np.array([it.t_created for it in forked], dtype=float)
+    firsts = np.array([it.steps.t_request[0] for it in forked], dtype=float)
     if not len(starts):
         return 0.0
     a, b = np.maximum(starts, t0), np.minimum(firsts, t1)

@@ -5,6 +5,11 @@ worker_restart with its cost measured where it falls and the fix's predicted gai
 and 3)."""
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
 from tests.real.real_run import diagnose, finding, line_of, python, SCRIPTS
 from tests.test_cli import assert_nothing_left_running
 
@@ -32,3 +37,28 @@ def test_restarted_worker_is_the_headline_and_the_first_fix(tmp_path):
     # A 2-core host whose local setting is predicted within reach: no cluster is advised.
     assert "--offload" not in out
     assert "compute_bound" not in {f["id"] for f in diag["findings"]}
+
+
+def test_another_worker_count_says_it_changes_a_seeded_runs_augmentation(tmp_path):
+    """Two plain runs of the seeded script are bit-identical; with 2 workers instead of 1, every sample
+    and its order are kept, but the augmentation draws from another worker's stream: the losses differ
+    from the second batch on, and ``gpufeed run --config`` says so before the run (issue 31, point 7)."""
+    command = python("image_folder.py", str(tmp_path / "data"), "-j", "1", "--epochs", "1")
+
+    def losses(result: subprocess.CompletedProcess) -> list[float]:
+        assert result.returncode == 0, result.stdout + result.stderr
+        return json.loads(re.search(r"first losses (\[.*\])", result.stdout).group(1))
+    # From the test's folder: the config's site is the script's file:line as seen from there.
+    plain = [losses(subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path))
+             for _ in range(2)]
+    assert plain[0] == plain[1]
+    config = tmp_path / "w2.json"
+    config.write_text(json.dumps({"format": "gpufeed.loader-settings/1", "framework": "pytorch",
+                                  "site": f"image_folder.py:{line_of(SCRIPTS / 'image_folder.py', 'the training loader')}",
+                                  "settings": {"num_workers": 2}}))
+    applied = subprocess.run([sys.executable, "-m", "gpufeed", "run", "--config", str(config), "--", *command],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    other = losses(applied)
+    assert "gpufeed: applied w2 to the DataLoader built at image_folder.py:" in applied.stderr
+    assert "random augmentation draws from another worker's random stream" in applied.stderr
+    assert other[0] == plain[0][0] and other[1:] != plain[0][1:]
