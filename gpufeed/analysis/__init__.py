@@ -84,7 +84,7 @@ def _not_measured(record: RunRecord, m: Metrics) -> str | None:
     ended = record.meta.end_reason
     if record.iterators:
         return "the DataLoader was iterated, but fewer than 2 of its steps were measured"
-    if ended not in ("completed", "steps_reached", "timed_out"):
+    if ended not in rules.general.FINISHED_NORMALLY:
         return "the command ended before any DataLoader delivered a batch"
     if record.processes:
         return "the command never iterated a torch DataLoader, so no training step was timed"
