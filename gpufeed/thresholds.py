@@ -74,6 +74,17 @@ CPU_BOUND_TOLERANCE = 1.10
 # window's end: they flush at least every second (docs/run-record.md), and a worker killed at exit
 # loses what it had not flushed.
 WORKER_ROWS_REACH_S = 1.5
+# Two training loaders are stepped together (zip(a, b), Lightning's CombinedLoader: one loop step
+# takes a batch of each) when this share of the second's requests falls between a delivery of the
+# first and its next request, one per step: the loop's step is then the pair, its samples both
+# loaders'. A GAN's second loader asked once every two batches of the first is not: its steps are
+# half as many, outside the ratio below (analysis/together.py).
+TOGETHER_MIN_SHARE = 0.9
+TOGETHER_STEP_RATIO = (0.8, 1.25)
+# ...and the lead's steps holding them are at least half as many as the second's batches: a loop
+# over one loader and then the other puts all of the second's requests after the first's last
+# batch; accelerate's look-ahead puts two in one step at each epoch's start (3-batch epochs: 2 in 3).
+TOGETHER_MIN_STEPS_HELD = 0.5
 # Suggested prefetch_factor for latency-bound loaders: deeper queues absorb read-latency spread
 # (loadtune and tf.data both raise prefetching for latency-bound inputs).
 LATENCY_PREFETCH_FACTOR = 4

@@ -25,6 +25,7 @@ from gpufeed.measure.inside.loaders import count_samples
       tuple({"boxes": torch.zeros(i + 1, 4), "labels": torch.zeros(i + 1)} for i in range(6))), 6),
     ([torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(2, 4)], 3),          # variable-size samples
     ([{"text": "a"}, {"text": "b"}], 2),                                     # a list of sample dicts
+    ([torch.zeros(8, 16, dtype=torch.long), torch.ones(8, 16, dtype=torch.long)], 8),  # (input_ids, attention_mask)
 ])
 def test_the_rule_counts_batches_it_is_sure_of(batch, expected):
     assert count_samples(batch) == expected
@@ -32,6 +33,8 @@ def test_the_rule_counts_batches_it_is_sure_of(batch, expected):
 
 @pytest.mark.parametrize("batch", [
     [torch.zeros(3, 32, 32)] * 4,       # four images, or (input, target, ...) fields of 3? not sure
+    [torch.zeros(16, 128)] * 5,         # five sequences of 16 tokens, or five fields: too many for fields
+    [torch.zeros(16)] * 2,              # (x[16], y[16]), or two sequences of 16? not sure
     torch.tensor(3.0),                  # a scalar is not a batch
     ({"a": torch.zeros(4)}, torch.zeros(5)),  # fields that disagree
     "text", 7, None,

@@ -21,9 +21,11 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
+from gpufeed.analysis.loop import busiest_loop
 from gpufeed.analysis.offloaded import Offload, of_loader
 from gpufeed.analysis.rank_summary import RankSummary
-from gpufeed.analysis.steps import StepSeries, measurement_window
+from gpufeed.analysis.steps import StepSeries, loader_steps, measurement_window
+from gpufeed.analysis.together import stepped_together, with_partners
 from gpufeed.record import schema
 from gpufeed.record.cpus import CpuAllowance
 from gpufeed.record.reader import IteratorRecord, RunRecord, mean_per_sample
@@ -70,7 +72,11 @@ class Metrics:
     eval_s: float | None = None               # evaluation passes inside the window, left out of wall_s
     window_start_t: float | None = None       # the window on the record's clock (seconds)
     window_end_t: float | None = None
-    steps: int = 0
+    steps: int = 0                            # the loop's steps: one per batch of the training loader
+    loaders_per_step: int = 1                 # loaders stepped together in each (zip(a, b)): their samples count
+    # What a step is: "dataloader" (a batch of the training loader), or where no training DataLoader
+    # was iterated, "optimizer" (an optimizer step) or "backward" (analysis/loop.py); None: no steps
+    steps_from: str | None = None
     warmup_steps: int = 0                     # the steps before the window: the warm-up asked, and more to start on an epoch
     warmup_asked: int | None = None           # the warm-up asked for (--warmup)
     samples: int = 0
@@ -192,7 +198,8 @@ def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
         where = ("site", it.config.site) if it.config.site is not None else ("loader", it.loader_id)
         groups.setdefault((it.pid, where, it.role), []).append(it)
     summaries = []
-    for (pid, _where, role), its in groups.items():
+    lanes = [((pid, role), lane) for (pid, _where, role), its in groups.items() for lane in _used_apart(its)]
+    for (pid, role), its in lanes:
         steps = StepRows.concat(it.steps for it in its)
         summaries.append(LoaderSummary(
             pid=pid, loader_id=its[0].loader_id, config=asdict(in_force(its)), iterators=len(its),
@@ -206,6 +213,32 @@ def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
     for training in pick_training(summaries):
         training.training = True
     return summaries
+
+
+def _used_apart(its: list[IteratorRecord]) -> list[list[IteratorRecord]]:
+    """The iterators of one site, split into loaders used at the same time: two loaders built by one
+    helper and stepped together (``zip(make(a), make(b))``) are two; a loader rebuilt every epoch,
+    each built after the last was done, is one."""
+    lanes: list[list[IteratorRecord]] = []
+    lane_of: dict[int, list[IteratorRecord]] = {}
+    for it in sorted(its, key=lambda it: it.t_created):
+        lane = lane_of.get(it.loader_id)
+        if lane is None:
+            lane = next((lane for lane in lanes if _last_use(lane[-1]) <= _first_use(it)), None)
+            if lane is None:
+                lane = []
+                lanes.append(lane)
+            lane_of[it.loader_id] = lane
+        lane.append(it)
+    return lanes
+
+
+def _first_use(it: IteratorRecord) -> float:
+    return float(it.steps.t_request[0]) if len(it.steps) else it.t_created
+
+
+def _last_use(it: IteratorRecord) -> float:
+    return float(it.steps.t_deliver[-1]) if len(it.steps) else it.t_created
 
 
 def pick_training(loaders: list[LoaderSummary]) -> list[LoaderSummary]:
@@ -261,11 +294,17 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
     window = None
     if training is not None and training.steps:
         its = [it for it in record.iterators if training.owns(it)]
-        window = _step_metrics(m, record, its)
-        _loader_metrics(m, record, training, its, window)
+        partners = _stepped_together(record, loaders, training)
+        m.loaders_per_step = 1 + len(partners)
+        window = _step_metrics(m, record, its, [loader_steps(record, p) for p in partners])
+        _loader_metrics(m, record, training, its, window, partners)
         m.autotuned = autotuned(record, training.pid)
         if window is not None:
             m.window_start_t, m.window_end_t = window
+    if training is not None and window is not None:
+        m.steps_from = "dataloader"
+    elif training is None and record.loops:
+        window = _loop_metrics(m, record)
     if window is None and len(record.samples):
         window = (float(record.samples.t[0]), float(record.samples.t[-1]))
         m.wall_s = window[1] - window[0]
@@ -275,7 +314,15 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
     return m
 
 
-def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> tuple[float, float] | None:
+def _stepped_together(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSummary) -> list[LoaderSummary]:
+    """The process's other training loaders taken one batch per step of ``training``."""
+    lead = loader_steps(record, training)
+    return [s for s in loaders if s.pid == training.pid and s is not training and s.role != schema.ROLE_EVAL
+            and s.steps and stepped_together(lead, loader_steps(record, s))]
+
+
+def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord],
+                  partners: list[StepSeries] = ()) -> tuple[float, float] | None:
     """Step time, data wait and throughput of the training loader, after warm-up."""
     # Per step: request, delivery, samples, and the next request of the same iterator (the end of
     # the step's compute). The last step of an iterator has no next request: no compute time.
@@ -285,7 +332,7 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
     own = {it.key for it in its}
     others = _wait_intervals([it for it in record.iterators
                               if it.pid == its[0].pid and it.key not in own and it.role != schema.ROLE_EVAL])
-    series = StepSeries.from_steps(it.steps for it in its)
+    series = with_partners(StepSeries.from_steps(it.steps for it in its), list(partners))
     other_wait = np.nan_to_num(_waited_before(others, series.next_request) - _waited_before(others, series.t_deliver))
     window = measurement_window(series, its, record.meta.warmup_steps)
     if window is None:
@@ -329,6 +376,41 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord]) -> t
                                      "the probe could not count the samples of some batches")
         else:
             m.samples_per_s_consumed = m.samples / m.wall_s
+    return t0, t1
+
+
+def _loop_metrics(m: Metrics, record: RunRecord) -> tuple[float, float] | None:
+    """A loop that iterated no training DataLoader: its steps from its training (analysis/loop.py).
+    Its data wait is the loop's own work between the model's (taking and preparing the batch)."""
+    found = busiest_loop(record.loops)
+    if found is None:
+        return None
+    _pid, steps = found
+    warmup = min(record.meta.warmup_steps, max(len(steps) - 2, 0))
+    measured = steps.select(np.arange(len(steps)) >= warmup)
+    if len(measured) < 2:
+        return None
+    t0, t1 = float(measured.start[0]), float(measured.end[-1])
+    m.steps, m.warmup_steps, m.steps_from = len(measured), warmup, measured.source
+    eval_s = float(measured.eval_s.sum())
+    m.eval_s = eval_s or None
+    m.wall_s = t1 - t0 - eval_s
+    own = measured.own
+    step = measured.end - measured.start - measured.eval_s
+    m.step_time_p50_ms, m.step_time_p90_ms = (_ms(_pct(step, q)) for q in (50, 90))
+    m.data_wait_p50_ms, m.data_wait_p90_ms = (_ms(_pct(own, q)) for q in (50, 90))
+    m.compute_p50_ms = _ms(_pct(measured.work, 50))
+    m.compute_per_batch_ms = _ms(_mean(measured.work))
+    if m.wall_s > 0:
+        m.data_wait_share = float(own.sum()) / m.wall_s
+        m.batches_per_s = len(measured) / m.wall_s
+        if np.isnan(measured.samples).any():
+            m.samples_unknown = ("a step's model forward took no tensor whose leading dimension counts its "
+                                 "samples")
+        else:
+            m.samples = int(measured.samples.sum())
+            m.samples_per_s_consumed = m.samples_per_s = m.samples / m.wall_s
+    m.window_start_t, m.window_end_t = t0, t1
     return t0, t1
 
 
@@ -414,7 +496,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[IteratorRecord],
-                    window: tuple[float, float] | None) -> None:
+                    window: tuple[float, float] | None, partners: list[LoaderSummary] = ()) -> None:
     cfg = in_force(its)
     m.num_workers, m.prefetch_factor, m.iterators = cfg.num_workers, cfg.prefetch_factor, len(its)
     startups = [s for s in (_startup_s(it) for it in its) if s is not None]
@@ -454,9 +536,15 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
             # What the workers made counts only where their rows reach the window's end: a worker
             # killed at the end (persistent workers at exit) loses its last unflushed second of rows,
             # and a count of nothing is N/A, never 0 samples/s.
-            reach = float(rows.t_end.max()) if len(rows) else -math.inf
-            if training.worker_pids and m.samples_unknown is None and reach >= t1 - th.WORKER_ROWS_REACH_S:
-                produced = rows.samples[(rows.t_end >= t0) & (rows.t_end <= t1)]
+            # Loaders stepped together: the step trains on what all their workers made.
+            made = rows
+            if partners:
+                made = FetchRows.concat(f.rows for f in record.fetches
+                                        if f.pid in producers.union(*(p.worker_pids for p in partners)))
+            reach = float(made.t_end.max()) if len(made) else -math.inf
+            all_workers = training.worker_pids and all(p.worker_pids for p in partners)
+            if all_workers and m.samples_unknown is None and reach >= t1 - th.WORKER_ROWS_REACH_S:
+                produced = made.samples[(made.t_end >= t0) & (made.t_end <= t1)]
                 if not np.isnan(produced).any() and produced.sum() > 0:
                     m.samples_per_s_produced = float(produced.sum() / m.wall_s)
         # Workers that keep up make one batch per batch's worth of compute (a mean: see above).

@@ -31,6 +31,10 @@ def numbers_table(d: Diagnosis) -> Table:
         table.add_row("Throughput", f"{rate} over {m.steps} steps "
                                     f"({m.wall_s:.1f} s, after {warmup_sentence(m)}{evaluation}){unknown}")
         training = d.training
+        loop = m.steps_from in ("optimizer", "backward")
+        if loop:
+            table.add_row("Training", f"a loop without a DataLoader: a step is one {m.steps_from} "
+                                      f"{'step' if m.steps_from == 'optimizer' else 'pass'}")
         if training is not None and training.config.get("site"):
             built = f", built {training.rebuilt} times" if training.rebuilt > 1 else ""
             table.add_row("Training", f"the DataLoader at {training.config['site']}{built} · "
@@ -42,7 +46,8 @@ def numbers_table(d: Diagnosis) -> Table:
         tf_data = any(s.training and s.config.get("sampler") == "tf.data" for s in d.loaders)
         table.add_row("Data wait", f"{fmt(m.data_wait_share, '.0%')} of the wall time · "
                                    f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in "
-                                   + ("IteratorGetNext (tf.data)" if tf_data else "next(loader)"))
+                                   + ("IteratorGetNext (tf.data)" if tf_data else
+                                      "the loop's own code, outside the model" if loop else "next(loader)"))
     if d.gpu_available and not m.gpu_indices and m.gpu_match and not m.cuda_used:
         gpu = f"{NA}: {m.gpu_match}"
     elif d.gpu_available:

@@ -91,6 +91,9 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         f.pid = pid(f.pid)
         f.rows.shift(dt)
     r.h2d.shift(dt)
+    for rows in r.loops.values():
+        rows.shift(dt)
+    r.loops = {pid(p): rows for p, rows in r.loops.items()}
     r.samples.t = r.samples.t + dt
     r.samples.procs = [[[pid(row[0]), pid(row[1])] + list(row[2:]) for row in procs] for procs in r.samples.procs]
     r.samples.gpu_procs = [{idx: {pid(p): b for p, b in pids.items()} for idx, pids in per_gpu.items()}
@@ -172,6 +175,7 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         iterators=sorted((it for p in parts for it in p.iterators), key=lambda it: it.t_created),
         fetches=[f for p in parts for f in p.fetches],
         h2d=H2dRows.concat(p.h2d for p in parts),
+        loops={pid: rows for p in parts for pid, rows in p.loops.items()},
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import pools, schema, validate
-from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, StepRows
+from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, LoopRows, StepRows
 
 
 class RecordError(Exception):
@@ -145,6 +145,8 @@ class RunRecord:
     # profiler windows the waits were read from.
     tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
     tf_profiles: list[dict[str, Any]] = field(default_factory=list)
+    # `loop` rows by pid: a training loop's forward, backward and optimizer steps (analysis/loop.py)
+    loops: dict[int, LoopRows] = field(default_factory=dict)
     # `offload` events (--offload: the training loader's batches made on Ray), in time order
     offloads: list[dict[str, Any]] = field(default_factory=list)
     # `autotune` events in time order: every decision of --autotune (docs/autotune.md)
@@ -270,6 +272,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     unknown: dict[tuple[int, int], str] = {}
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
+    loop_rows: dict[int, list] = {}
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
     for path in event_files:
         for ev in _lines(path, warnings):
@@ -294,6 +297,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 f["rows"].extend(ev.get("rows", []))
             elif kind == "h2d":
                 h2d_rows.extend(ev.get("rows", []))
+            elif kind == "loop":
+                loop_rows.setdefault(pid, []).extend(ev.get("rows", []))
             elif kind == "stall":
                 stalls.append(ev)
             elif kind == "override":
@@ -363,6 +368,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
         autotune=autotune, fork_probes=fork_probes,
+        loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},
     )
 
 

@@ -112,6 +112,18 @@ class CudaRows(Rows):
     mem_peak_b = column("mem_peak_b")
 
 
+class LoopRows(Rows):
+    """``loop`` events: the timed parts of a training loop (``schema.LOOP_COLUMNS``)."""
+
+    COLUMNS = schema.LOOP_COLUMNS
+    TIMES = ("t_start", "t_end")
+    part = column("part")
+    t_start = column("t_start")
+    t_end = column("t_end")
+    samples = column("samples")
+    optimizer = column("optimizer")
+
+
 class H2dRows(Rows):
     """``h2d`` events: host-to-device copies (``schema.H2D_COLUMNS``)."""
 

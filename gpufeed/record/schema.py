@@ -35,6 +35,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s]: host-to-device tensor copies; host_s is
               the host's time in the call (a blocking copy first waits for queued GPU work), copy_s
               the copy's own time from CUDA events around it (null where not resolved)
+``loop``      pid, rows of [part, t_start, t_end, samples, optimizer] (LOOP_COLUMNS): the timed parts of
+              a training loop (forward, evaluation forward, backward, optimizer step), read as steps
+              where the process iterated no training DataLoader (analysis/loop.py)
 ``stall``     pid, iter_id, t_request, waited_s, worker_pids, first_batch: no batch for ``--stall-timeout``
               seconds (``--first-batch-timeout`` for an iterator's first batch); TensorFlow: tf_call
               (``next`` or Keras's ``train_function``), the call that waited
@@ -93,6 +96,11 @@ STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s", "thread_c
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
+# ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's
+# forward (with the loss module), 1 a forward without grad (evaluation), 2 backward, 3 an optimizer
+# step or a gradient clipping; samples: a training forward's batch; optimizer: which optimizer
+# stepped (0 the first that did; null for the other parts).
+LOOP_COLUMNS = ("part", "t_start", "t_end", "samples", "optimizer")
 PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
 
 # An iterator's role (``iterator`` events): what its loader feeds. See measure/inside/roles.py.

@@ -102,6 +102,7 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "fetches": ({"pid": int, "rows": _rows(len(schema.FETCH_COLUMNS), 2)},                   # t_start, t_end
                 {"worker_id": int | None, "torch_threads": int | None}),
     "h2d": ({"pid": int, "rows": _rows(len(schema.H2D_COLUMNS), 2, float | bool | None)}, {}),  # t, bytes
+    "loop": ({"pid": int, "rows": _rows(len(schema.LOOP_COLUMNS), 3)}, {}),  # part, t_start, t_end
     "stall": ({"pid": int}, STALL),
     "override": ({"pid": int}, {"site": str | None, "settings": dict | None, "refused": dict | None}),
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),

@@ -4,6 +4,7 @@
 - ``stall``: is the DataLoader stuck?
 - ``tf_data``: what in a tf.data pipeline's structure makes the loop wait?
 - ``loader``: does the loop wait for data, and why (workers, CPU, storage, threads, restarts)?
+- ``loop``: does a loop without a DataLoader wait for its own batch preparation?
 - ``offload``: with its batches made on Ray (--offload), is it the Ray workers or the path?
 - ``transfer``: do copies to the GPU block the loop?
 - ``gpu``: does the GPU saw, or idle while the host fails to queue work?
@@ -20,7 +21,7 @@ finding goes in the module of its question, and into ``RULES`` below.
 from __future__ import annotations
 
 from gpufeed.analysis.context import Context, Rule
-from gpufeed.analysis.rules import gpu, general, loader, memory, offload, others, ranks, stall, tf_data, transfer
+from gpufeed.analysis.rules import gpu, general, loader, loop, memory, offload, others, ranks, stall, tf_data, transfer
 from gpufeed.analysis.rules.facts import COMPUTE, HOST, INPUT, TRANSFER, costs, host_idle_share, input_band, input_share
 from gpufeed.analysis.rules.general import EXPLAINED_BY, unexplained_losses
 from gpufeed.analysis.rules.wording import change_in, keras_wrapped
@@ -35,7 +36,7 @@ RULES: tuple[Rule, ...] = (
     tf_data.python_stage, tf_data.sequential_map, tf_data.no_prefetch, tf_data.cache_small_dataset,
     tf_data.deterministic_order, tf_data.autotune_off,
     loader.too_few_workers, loader.cpu_saturated, loader.storage_latency, loader.too_many_workers,
-    loader.thread_oversubscription, loader.worker_restart, offload.offload_input_wait,
+    loader.thread_oversubscription, loader.worker_restart, loop.loop_batch_preparation, offload.offload_input_wait,
     others.other_programs,
     transfer.pageable_transfer,
     gpu.fluctuating_utilization, gpu.host_bound,

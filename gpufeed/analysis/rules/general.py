@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import INFO, Finding, severity_for
+from gpufeed.analysis.loop import FROM_BACKWARD, FROM_OPTIMIZER
 from gpufeed.analysis.rules import tf_data
 from gpufeed.analysis.rules.facts import COMPUTE, HOST, INPUT, TRANSFER, costs, cpu_ms_per_sample, worker_cap
 from gpufeed.analysis.rules.gpu import host_finding
@@ -14,24 +15,31 @@ from gpufeed.record import schema
 from gpufeed.units import fmt
 
 FINISHED_NORMALLY = (schema.END_COMPLETED, schema.END_STEPS_REACHED, schema.END_TIMED_OUT)
+LOOP_STEPS = (FROM_OPTIMIZER, FROM_BACKWARD)
 
 
 def compute_bound(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if ctx.training is None or m.data_wait_share is None:
+    loop = m.steps_from in LOOP_STEPS  # no DataLoader: the loop's own batch preparation (rules/loop.py)
+    if (ctx.training is None and not loop) or m.data_wait_share is None:
         return None
     if any(share is not None and share >= th.BOTTLENECK_MIN_SHARE for kind, share in costs(m).items()
            if kind != COMPUTE):
         return None  # a loss worth naming: its finding explains it; the run is not "compute-bound"
+    tf = not loop and tf_data.pipeline(ctx) is not None
+    share, step = fmt(m.data_wait_share, '.1%'), (f"p50 step {fmt(m.step_time_p50_ms, '.1f')} ms, "
+                                                  f"{fmt(m.compute_p50_ms, '.1f')} ms of it")
+    if loop:
+        message = (f"The loop's own batch preparation keeps up: it took only {share} of the time ({step} the "
+                   "model's forward, backward and optimizer step); the input is not the problem.")
+    else:
+        message = (f"The input pipeline keeps up: the loop waited for data only {share} of the time ({step} "
+                   "compute); the loader is not the problem.")
+    leave = "the batch preparation" if loop else "the tf.data pipeline" if tf else "the DataLoader"
     return Finding(
-        id="compute_bound", severity=INFO, cost_share=None,
-        message=(f"The input pipeline keeps up: the loop waited for data only {fmt(m.data_wait_share, '.1%')} of the time "
-                 f"(p50 step {fmt(m.step_time_p50_ms, '.1f')} ms, {fmt(m.compute_p50_ms, '.1f')} ms of it compute); the loader is "
-                 "not the problem."),
-        recommendation=("Leave the tf.data pipeline as it is; to go faster, make the step cheaper (mixed precision, "
-                        "jit_compile=True, a larger batch if memory allows)." if tf_data.pipeline(ctx) is not None else
-                        "Leave the DataLoader as it is; to go faster, make the step cheaper (mixed precision, "
-                        "torch.compile, a larger batch if memory allows)."),
+        id="compute_bound", severity=INFO, cost_share=None, message=message,
+        recommendation=(f"Leave {leave} as it is; to go faster, make the step cheaper (mixed precision, "
+                        f"{'jit_compile=True' if tf else 'torch.compile'}, a larger batch if memory allows)."),
         evidence=wait_evidence(m),
         thresholds={"data_wait_share_below": th.DATA_WAIT_SHARE_FLAG},
     )
@@ -40,8 +48,8 @@ def compute_bound(ctx: Context) -> Finding | None:
 def no_dataloader(ctx: Context) -> Finding | None:
     # A command that failed (a syntax error, a missing script) says why in its end message: "wrap it
     # in a DataLoader" would be advice drawn from nothing.
-    if ctx.record.iterators or ctx.record.meta.end_reason not in FINISHED_NORMALLY:
-        return None
+    if ctx.record.iterators or ctx.record.meta.end_reason not in FINISHED_NORMALLY or ctx.metrics.steps_from in LOOP_STEPS:
+        return None  # a loop measured from its optimizer steps needs no DataLoader (rules/loop.py)
     m = ctx.metrics
     host = f"host CPU averaged {fmt(m.cpu_util_pct, '.0f')}%" if m.cpu_util_pct is not None else "no host samples"
     gpu = (f", GPU utilization p50 {fmt(m.gpu_util_p50_pct, '.0f')}%" if m.gpu_util_p50_pct is not None
@@ -66,7 +74,7 @@ def no_dataloader(ctx: Context) -> Finding | None:
 # loss that reaches the bar, a general finding states the measured facts and how to find the fix.
 EXPLAINED_BY = {
     INPUT: {"too_few_workers", "cpu_saturated", "storage_latency", "too_many_workers", "thread_oversubscription",
-            "worker_restart", "loader_stalled", "straggler_rank", "offload_input_wait"},
+            "worker_restart", "loader_stalled", "straggler_rank", "offload_input_wait", "loop_batch_preparation"},
     TRANSFER: {"pageable_transfer"},
     HOST: {"host_bound"},
 }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import atexit
 
 from gpufeed.autotune import hook as autotune_hook
-from gpufeed.measure.inside import lifecycle, overrides, patches
+from gpufeed.measure.inside import lifecycle, loop, overrides, patches
+from gpufeed.measure.inside.hook import call_after_import
 from gpufeed.measure.inside.patches import active_probe, patch_torch
 from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.inside.probe_config import ProbeConfig
@@ -17,6 +18,13 @@ def note_process(probe: Probe) -> None:
     import torch
     probe.event("process", **lifecycle.process_fields(),
                 torch_version=getattr(torch, "__version__", None))  # torch may still be importing
+
+
+def _install_loop(probe: Probe) -> None:
+    try:
+        loop.install(probe)
+    except Exception as error:  # never break the user's program
+        probe.warn(f"a training loop without a DataLoader is not measured: {type(error).__name__}: {error}")
 
 
 def install_from_env() -> Probe | None:
@@ -37,6 +45,9 @@ def install_from_env() -> Probe | None:
     note_process(probe)
     patch_torch(probe)
     overrides.patch_dataloader_init(loader_overrides, report=probe.event)
+    # A loop that takes no batch from a DataLoader is stepped by its optimizer (loop.py): hooked once
+    # torch.optim is imported, the last of what it hooks (torch imports its DataLoader before torch.nn).
+    call_after_import("torch.optim.optimizer", lambda _module: _install_loop(probe))
     atexit.register(probe.close)
     lifecycle.flush_on_sigterm(probe)
     lifecycle.note_how_it_ends(probe)

@@ -11,7 +11,7 @@ class IteratorState:
     """One DataLoader iterator's measurements and counters: the hot path reads and writes these."""
 
     __slots__ = ("probe", "iter_id", "next_index", "rows", "samples", "last_index", "last_samples",
-                 "samples_from", "sizes", "detailed", "cpu_at", "waiting_since", "training", "cuda_pending",
+                 "samples_from", "sizes", "detailed", "cpu_at", "waiting_since", "training", "loader_id", "cuda_pending",
                  "cuda_rows", "last_memory_t", "worker_pids", "done", "in_process", "unknown_reported", "count_plan",
                  "__weakref__")
 
@@ -31,6 +31,7 @@ class IteratorState:
         self.cpu_at = 0 if self.in_process else -1
         self.waiting_since = 0.0             # > 0 while the loop waits inside next(): the stall watchdog
         self.training = True                 # its steps count towards --steps and a trial's length
+        self.loader_id = -1                  # its DataLoader's (Probe.loop_step)
         self.cuda_pending: deque = deque()
         self.cuda_rows: list[tuple] = []
         self.last_memory_t = 0.0
@@ -42,3 +43,4 @@ class IteratorState:
 
 def mark_done(state: IteratorState) -> None:
     state.done = True
+    state.probe.lead_gone(state.loader_id)

@@ -18,7 +18,9 @@ def count_samples(batch: Any) -> int | None:
     - a dict, or an object's attributes: its fields, whose counts must agree;
     - a list or tuple of tensors: fields when their leading dimensions agree and their shapes differ
       (``(x[B, ...], y[B])``); one sample each when their leading dimensions differ (variable-size
-      samples); all of one shape, they could be either: not sure;
+      samples); all of one shape, fields when they are few (up to ``MAX_SAME_SHAPE_FIELDS``) and
+      each has two dimensions (``(input_ids[B, L], attention_mask[B, L])``), else they could be
+      either (16 sequences of one length, four images): not sure;
     - any other list or tuple: fields, whose counts must agree (a field that is itself a list or
       tuple counts its items: the tuples of ``tuple(zip(*batch))``); a list of dicts: one sample each.
     """
@@ -48,6 +50,10 @@ def _count_batch(batch: Any) -> int | None:
 
 
 _NO_SHAPE = object()
+# Tensors of one shape in a list: a tokenizer's fields (input_ids, attention_mask, token_type_ids,
+# labels) are at most four, each [B, L]. Samples of one shape in a list are as many as the batch
+# holds; one-dimensional fields ([B] each) cannot be told from sequences, nor 3-D ones from images.
+MAX_SAME_SHAPE_FIELDS = 4
 
 
 def _count_tensors(batch: list | tuple) -> Any:
@@ -68,7 +74,9 @@ def _count_tensors(batch: list | tuple) -> Any:
             return len(batch)      # different lengths: one sample each
         elif same and shape != first:
             same = False
-    return None if same else leading
+    if same and (len(batch) > MAX_SAME_SHAPE_FIELDS or len(first) != 2):
+        return None
+    return leading
 
 
 def _leading(value: Any) -> Any:

@@ -4,6 +4,10 @@
 batch is covered:
 
 - ``DataLoader._get_iterator``: an iterator is born (worker start-up begins); its configuration.
+- ``_BaseDataLoaderIter.__init__``: the same for an iterator whose loader builds it without
+  ``DataLoader._get_iterator`` (torchdata's ``StatefulDataLoader`` and other subclasses override
+  it): every torch iterator runs this ``__init__``, whatever made it, and is measured from its first
+  ``next()`` (see ``_adopt``).
 - ``_BaseDataLoaderIter._reset``: a persistent-worker iterator starts another epoch.
 - ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch (and, with
   ``num_workers=0``, where the batch is made inside ``next()``, now and then its CPU time).
@@ -19,7 +23,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from gpufeed.measure.inside import cuda, overrides, roles
+from gpufeed.measure.inside import cuda, loop, overrides, roles
 from gpufeed.measure.inside.iterators import IteratorState, mark_done
 from gpufeed.measure.inside.loaders import (FROM_BATCH_SAMPLER, count_collated, count_indices, count_samples,
                                             describe_error, loader_config, plan_counting, samples_from, samples_of)
@@ -65,6 +69,7 @@ def patch_torch(probe: Probe) -> None:
         def _get_iterator(self, *args, **kwargs):
             t_created = _clock()
             iterator = original(self, *args, **kwargs)
+            iterator.__dict__.pop("_gpufeed_born", None)  # registered here, not at its first next()
             probe = _probe
             if probe is not None:
                 try:
@@ -89,7 +94,15 @@ def patch_torch(probe: Probe) -> None:
                 state.probe.event("epoch", iter_id=state.iter_id, t=_clock())
         return _reset
 
+    def make_iterator_init(original):
+        def __init__(self, loader, *args, **kwargs):
+            # Noted before the iterator is built: a loader that fails to build leaves nothing behind.
+            self._gpufeed_born = (loader, _clock())
+            original(self, loader, *args, **kwargs)
+        return __init__
+
     patch(dataloader.DataLoader, "_get_iterator", make_get_iterator)
+    patch(base, "__init__", make_iterator_init)
     patch(base, "_reset", make_reset)
     patch(base, "__next__", make_next)
     # Batches are timed where they are made: patched inside each worker only, so the training
@@ -102,7 +115,8 @@ def unpatch_torch() -> None:
     _probe = None
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch, worker
-    for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "_reset"),
+    for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "__init__"),
+                      (dataloader._BaseDataLoaderIter, "_reset"),
                       (dataloader._BaseDataLoaderIter, "__next__"), (worker, "_worker_loop"),
                       (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
         unpatch(cls, name)
@@ -110,11 +124,16 @@ def unpatch_torch() -> None:
         del dataloader._BaseDataLoaderIter._gpufeed_state
     cuda.unpatch_h2d()
     overrides.unpatch_dataloader_init()
+    loop.uninstall()
 
 
 # -- a new iterator ---------------------------------------------------------------------------------------
-def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float) -> None:
-    """Measure a new DataLoader iterator: its state on the iterator, its ``iterator`` event."""
+def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float,
+                      caller: Any = None) -> None:
+    """Measure a new DataLoader iterator: its state on the iterator, its ``iterator`` event.
+
+    ``caller``: the frame of whoever called ``iter(loader)`` (by default two frames up: above this
+    function and ``_get_iterator``)."""
     probe.ensure_this_process()
     loader_id = getattr(loader, "_gpufeed_loader_id", None)
     if loader_id is None:
@@ -125,13 +144,16 @@ def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float
             pass  # a loader that refuses attributes gets a new id per iterator: never a reused one
     try:
         built = getattr(loader, "_gpufeed_built", None) or {}
-        # Frame 2: whoever called iter(loader) (above this function and _get_iterator).
-        role, why = roles.iterator_role(sys._getframe(2), built.get("built_as"))
+        role, why = roles.iterator_role(caller or sys._getframe(2), built.get("built_as"))
         worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
         state = probe.new_iterator(worker_pids)
         # A training loader's iterator: its steps count towards --steps and a trial's length
         # (validation, evaluation and sanity-check loaders do not; see roles.py).
         state.training = role == roles.TRAIN
+        state.loader_id = loader_id
+        if state.training and not probe.training_loader_seen:
+            probe.training_loader_seen = True
+            loop.paced_by_dataloader()
         plan_counting(state, iterator, loader)
         in_use = probe.cuda_in_use()  # looked at for every new iterator (and every CUDA_CHECK_EVERY steps)
         state.detailed = state.detailed or in_use
@@ -187,7 +209,9 @@ def make_next(original: Callable) -> Callable:
     def __next__(self):
         state = self._gpufeed_state
         if state is None:
-            return original(self)
+            state = _adopt(self)
+            if state is None:
+                return original(self)
         index = state.next_index
         if state.detailed or index == state.cpu_at:
             return _next_in_detail(self, state, index, original)
@@ -206,13 +230,31 @@ def make_next(original: Callable) -> Callable:
                                state.samples if index != state.last_index else state.last_samples, None))
             if state.training:
                 probe = state.probe
-                probe.total_steps += 1
-                if probe.total_steps >= probe.check_limits_at:
-                    probe.check_limits(t_deliver)
+                key = state.loader_id
+                if key == probe.lead_loader == probe.last_loader or probe.loop_step(key):
+                    probe.total_steps += 1
+                    if probe.total_steps >= probe.check_limits_at:
+                        probe.check_limits(t_deliver)
         except Exception as error:
             state.probe.give_up(self, state, error)
         return batch
     return __next__
+
+
+def _adopt(iterator: Any) -> IteratorState | None:
+    """An iterator born outside ``DataLoader._get_iterator`` (``StatefulDataLoader`` builds its own),
+    measured from its first ``next()``: the caller of that ``next()`` is the loop it feeds. Its
+    start-up runs from ``__init__`` to this first request."""
+    born = iterator.__dict__.pop("_gpufeed_born", None)
+    probe = _probe
+    if born is None or probe is None:
+        return None
+    loader, t_created = born
+    try:
+        register_iterator(probe, iterator, loader, t_created, caller=sys._getframe(2))
+    except Exception as error:
+        probe.warn(f"a DataLoader is not measured: {describe_error(error)}")
+    return iterator._gpufeed_state
 
 
 def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: Callable) -> Any:
@@ -251,9 +293,11 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
             if end_event is not None:
                 timing.step(state, index, start_event, end_event, t_deliver)
         if state.training:
-            probe.total_steps += 1
-            if probe.total_steps >= probe.check_limits_at:
-                probe.check_limits(t_deliver)
+            key = state.loader_id
+            if key == probe.lead_loader == probe.last_loader or probe.loop_step(key):
+                probe.total_steps += 1
+                if probe.total_steps >= probe.check_limits_at:
+                    probe.check_limits(t_deliver)
     except Exception as error:
         probe.give_up(iterator, state, error)
     return batch
@@ -263,6 +307,7 @@ def epoch_ended(state: IteratorState, t_request: float) -> None:
     """The ``next()`` that ended an epoch: without persistent workers torch shuts the workers down
     inside it, a cost of each epoch that no batch shows (the what-if model's ``stop_s``)."""
     try:
+        state.probe.lead_gone(state.loader_id)
         state.probe.event("epoch_end", iter_id=state.iter_id, t_request=t_request, t=_clock())
     except Exception:  # a measurement never breaks the user's loop
         pass

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from gpufeed.measure.inside import cuda, lifecycle
+from gpufeed.measure.inside import cuda, lifecycle, loop
 from gpufeed.measure.inside.forking import ForkProbe
 from gpufeed.measure.inside.iterators import IteratorState
 from gpufeed.measure.inside.loaders import FROM_BATCH, describe_batch, describe_error
@@ -36,6 +36,10 @@ from gpufeed.record.writer import JsonlWriter
 FLUSH_INTERVAL_S = 1.0       # docs/run-record.md: flushed at least every second
 
 _clock = time.perf_counter
+
+
+# Batches of one loader in a row after which it leads the loop's steps (Probe.loop_step).
+LEAD_TAKEN_AFTER = 3
 
 
 class Probe:
@@ -51,7 +55,12 @@ class Probe:
         # Worker start-up (spawn) and a filling shuffle buffer delay the first batch: it gets longer.
         self.first_batch_timeout_s = max(first_batch_timeout_s or 0.0, stall_timeout_s or 0.0) or None
         self.flush_interval_s = flush_interval_s
-        self.total_steps = 0
+        self.total_steps = 0  # the loop's steps: see loop_step
+        # The loader whose batches count the loop's steps, and the one asked last (loop_step).
+        self.lead_loader: int | None = None
+        self.last_loader: int | None = None
+        self.asked_in_a_row = 0
+        self.training_loader_seen = False  # a training DataLoader paces the loop (else loop.py does)
         self.deadline: float | None = None
         self.warmup_steps = warmup_steps
         self.cuda = cuda.CudaTiming()
@@ -163,6 +172,9 @@ class Probe:
             lines.append(dict(self.fetch_meta or {}, kind="fetches", pid=self.pid, rows=fetch_rows))
         if h2d_rows:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
+        loop_rows = loop.take_rows()
+        if loop_rows:
+            lines.append({"kind": "loop", "pid": self.pid, "rows": loop_rows})
         self._writer.write_many(lines)
 
     def warn(self, message: str) -> None:
@@ -231,6 +243,29 @@ class Probe:
                 state.detailed = True
 
     # -- ending the run: --steps, a trial's time, and stalls (lifecycle.py) --------------------------
+    def loop_step(self, loader_id: int) -> bool:
+        """Whether a training batch of this loader starts one of the loop's steps.
+
+        Loaders stepped together (``zip(a, b)``, Lightning's ``CombinedLoader``) are one step: it
+        is counted at the batches of the lead loader, the first asked. The lead passes on when its
+        epoch ends or its iterator is gone (``lead_gone``), or to a loader asked
+        ``LEAD_TAKEN_AFTER`` times in a row (the lead left unfinished, another iterated alone);
+        accelerate's loaders ask their loader twice at each epoch's start (a look-ahead), so two in
+        a row is not enough. The hot path calls this only where the batch's loader is not both the
+        lead and the last asked: a loop over one loader never does.
+        """
+        if loader_id == self.last_loader:
+            self.asked_in_a_row += 1
+        else:
+            self.last_loader, self.asked_in_a_row = loader_id, 1
+        if self.lead_loader is None or self.asked_in_a_row >= LEAD_TAKEN_AFTER:
+            self.lead_loader = loader_id
+        return loader_id == self.lead_loader
+
+    def lead_gone(self, loader_id: int) -> None:
+        if loader_id == self.lead_loader:
+            self.lead_loader = None
+
     def check_limits(self, now: float) -> None:
         """From the hot path, once ``total_steps`` reaches ``check_limits_at``."""
         steps = self.total_steps
