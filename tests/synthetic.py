@@ -57,6 +57,12 @@ class Scenario:
     h2d_copy_s: float | None = None   # the copy's own time from CUDA events (None: not recorded)
     gpu_util_pattern: list[float] | None = None  # NVML readings, cycled
     with_loader: bool = True
+    # A loop without a DataLoader (with_loader=False): ``loop_steps`` optimizer steps, each the loop's
+    # own work (get_batch) for ``loop_own_s``, then forward, backward and optimizer step taking
+    # ``loop_work_s`` in all, on batches of ``batch_size``.
+    loop_steps: int = 0
+    loop_own_s: float = 0.004
+    loop_work_s: float = 0.016
     stall_s: float | None = None
     end_reason: str = schema.END_COMPLETED
     warmup_steps: int = 10
@@ -82,6 +88,19 @@ class Scenario:
     offload_events: list[dict] = field(default_factory=list)
     # Programs outside the command: the sampler's ``others`` rows ([pid, name, cores]), every 2 s
     others: list[list] | None = None
+
+
+def _loop_rows(events: JsonlWriter, sc: Scenario, t: float) -> float:
+    rows = []
+    for _ in range(sc.loop_steps):
+        t += sc.loop_own_s
+        third = sc.loop_work_s / 3
+        rows.append([schema.LOOP_FORWARD, t, t + third, sc.batch_size, None])
+        rows.append([schema.LOOP_BACKWARD, t + third, t + 2 * third, None, None])
+        rows.append([schema.LOOP_OPTIMIZER, t + 2 * third, t + sc.loop_work_s, None, 0])
+        t += sc.loop_work_s
+    events.write({"kind": "loop", "pid": MAIN_PID, "rows": rows})
+    return t
 
 
 def write_run(path: Path, sc: Scenario) -> Path:
@@ -168,6 +187,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 events.write({"kind": "stall", "pid": MAIN_PID, "iter_id": iter_id + k, "t_request": t,
                               "waited_s": sc.stall_s, "worker_pids": workers})
                 t += sc.stall_s
+    elif sc.loop_steps:
+        t = _loop_rows(events, sc, t)
     else:
         t += 3.0
     for ev in sc.offload_events:

@@ -204,22 +204,22 @@ def test_crash_midway_keeps_what_was_measured(tmp_path):
 
 
 def test_steps_that_cannot_count_anything_are_said_early(tmp_path):
-    """--steps counts DataLoader batches: a loop without one is told so 20 s after its start, while it
-    runs, not after it has run to its end (issue 31, point 1)."""
+    """--steps counts training steps: a command that takes none is told so 20 s after its start, while
+    it runs, not after it has run to its end (issue 31, point 1)."""
     from gpufeed.measure.runner import STEPS_UNCOUNTED_AFTER_S
     seconds = STEPS_UNCOUNTED_AFTER_S + 4
     started = time.monotonic()
     result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--steps", "40", "--", sys.executable,
-                      str(WORKLOADS / "no_dataloader.py"), "--seconds", str(seconds)], cwd=tmp_path, timeout=120)
+                      str(WORKLOADS / "no_training_step.py"), "--seconds", str(seconds)], cwd=tmp_path, timeout=120)
     assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
     assert time.monotonic() - started >= seconds  # it ran to its own end: nothing could stop it
-    assert ("--steps 40 counts DataLoader batches, and no DataLoader has been iterated in the first "
-            f"{STEPS_UNCOUNTED_AFTER_S:.0f} s") in result.stderr
+    assert ("--steps 40 counts training steps (DataLoader batches, or a loop's optimizer steps), and none was "
+            f"taken in the first {STEPS_UNCOUNTED_AFTER_S:.0f} s") in result.stderr
     assert "NOT MEASURED" in result.stdout
 
 
-def test_no_dataloader_still_reports_the_host(tmp_path):
-    diag = diagnose(tmp_path, "no_dataloader.py")
+def test_a_command_without_a_training_step_still_reports_the_host(tmp_path):
+    diag = diagnose(tmp_path, "no_training_step.py")
     assert "no_dataloader" in ids(diag)
     assert diag["bottleneck"] is None and diag["not_measured"]  # no verdict without a measurement
     assert "Bottleneck: NOT MEASURED: the command never iterated a torch DataLoader" in diag["_stdout"]
@@ -228,6 +228,19 @@ def test_no_dataloader_still_reports_the_host(tmp_path):
     # and the host's CPU use (which includes it) is at least that share of all cores.
     assert 0.25 <= m["cpu_cores_command"] <= m["cpu_count"], m
     assert 0.8 * 100 * m["cpu_cores_command"] / m["cpu_count"] <= m["cpu_util_pct"] <= 100, m
+
+
+def test_a_loop_without_a_dataloader_is_measured_and_ended_by_steps(tmp_path):
+    """Batches sliced by hand from in-memory tensors: steps are the optimizer's, and --steps ends the
+    command long before its own 60 s (issue 32)."""
+    started = time.monotonic()
+    diag = diagnose(tmp_path, "no_dataloader.py", "--seconds", "60", options=("--steps", "300"))
+    assert time.monotonic() - started < 45
+    assert diag["run"]["end_reason"] == "steps_reached" and diag["not_measured"] is None
+    assert "no_dataloader" not in ids(diag)
+    m = diag["metrics"]
+    assert m["steps"] >= 300 and m["steps_from"] == "optimizer" and m["samples_per_s"] > 0, m
+    assert "a loop without a DataLoader: a step is one optimizer step" in diag["_stdout"]
 
 
 def test_stalled_loader_is_reported_and_stopped(tmp_path):

@@ -19,6 +19,7 @@ import urllib.request
 import pytest
 
 from gpufeed import cli
+from gpufeed import thresholds as th
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run
 from tests import needs
@@ -153,6 +154,7 @@ def broken(run_dir):
 
 gpufeed.analysis.analyze = broken   # what a bug in the analysis does; the product is untouched
 from gpufeed import cli
+from gpufeed import thresholds as th
 sys.exit(cli.main(sys.argv[1:]))
 """
 
@@ -300,7 +302,10 @@ def test_cpu_saturated_from_a_real_run(tmp_path, monkeypatch):
     diag = json.loads(out.read_text())
     f = next((f for f in diag["findings"] if f["id"] == "cpu_saturated"), None)
     assert f is not None, [(f["id"], f["evidence"]) for f in diag["findings"]]
-    assert f["evidence"]["cpu_util_pct"] >= 90 and f["evidence"]["num_workers"] == cores
+    # As many CPU-bound workers as cores: the rule's bar is the full-workers one (the sampler's readings
+    # of such a loop ranged 86-97% here, and CI read 88%), not the general 90%.
+    assert f["evidence"]["num_workers"] == cores
+    assert f["evidence"]["cpu_util_pct"] >= th.CPU_SATURATED_FULL_WORKERS_PCT
     assert diag["bottleneck"] == "input", diag["costs"]
 
 

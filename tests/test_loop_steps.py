@@ -90,3 +90,37 @@ def test_a_loader_taken_every_other_step_or_after_the_first_is_not_stepped_toget
     lead = series(np.arange(50) * 0.01)
     assert not stepped_together(lead, series(np.arange(25) * 0.02 + 0.002))  # a GAN's labels: half as many
     assert not stepped_together(lead, series(0.6 + np.arange(50) * 0.01))     # one loop, then the other
+
+
+# -- the rule, on synthetic records of a loop without a DataLoader ------------------------------------------------
+def _loop_diagnosis(tmp_path, **changes):
+    from gpufeed.analysis import analyze
+    from tests.synthetic import Scenario, write_run
+    return analyze(write_run(tmp_path / "run", Scenario(with_loader=False, loop_steps=120, warmup_steps=0, **changes)))
+
+
+def test_loop_batch_preparation_fires_with_its_gain_and_the_loader_rules_stay_quiet(tmp_path):
+    d = _loop_diagnosis(tmp_path, loop_own_s=0.004, loop_work_s=0.016, host_cpu_pct=50)
+    assert d.metrics.steps_from == "optimizer"
+    f = d.finding("loop_batch_preparation")
+    assert f is not None and f.evidence["loop_own_share"] == pytest.approx(0.2, abs=0.01)
+    assert 1.0 <= f.gain["low"] < f.gain["high"] <= 1 / 0.8 + 1e-9
+    assert "busy" not in f.message
+    assert d.finding("no_dataloader") is None and d.finding("compute_bound") is None
+
+
+def test_on_busy_cores_the_loop_rule_says_so_and_cpu_saturated_stays_quiet(tmp_path):
+    d = _loop_diagnosis(tmp_path, loop_own_s=0.004, loop_work_s=0.016, host_cpu_pct=99)
+    f = d.finding("loop_batch_preparation")
+    assert f is not None and "99% busy" in f.message
+    assert f.gain["high"] == f.gain["low"] == pytest.approx(1.0, abs=0.02), "busy cores: only the low end stands"
+    assert f.gain["free_core_high"] > 1.1
+    assert f.severity == "low" and f.recommendation.startswith("No change is offered"), "within noise: not offered"
+    assert d.finding("cpu_saturated") is None, "no DataLoader: the loader's question does not apply"
+
+
+def test_a_loop_whose_own_work_is_small_is_compute_bound(tmp_path):
+    d = _loop_diagnosis(tmp_path, loop_own_s=0.0004, loop_work_s=0.02)
+    assert d.finding("loop_batch_preparation") is None
+    f = d.finding("compute_bound")
+    assert f is not None and "batch preparation keeps up" in f.message

@@ -202,7 +202,8 @@ def test_no_dataloader(tmp_path):
     assert "40%" in d.finding("no_dataloader").message  # host utilization is still reported
     # No verdict without a measurement: not "COMPUTE" (issue 31, point 1).
     assert d.bottleneck is None and d.input_bound is None
-    assert d.not_measured == "the command never iterated a torch DataLoader, so no training step was timed"
+    assert d.not_measured == ("the command never iterated a torch DataLoader, nor stepped an optimizer or ran a "
+                              "backward pass, so no training step was timed")
     assert d.to_dict()["bottleneck"] is None and d.to_dict()["not_measured"] == d.not_measured
 
 

@@ -87,7 +87,8 @@ def _not_measured(record: RunRecord, m: Metrics) -> str | None:
     if ended not in rules.general.FINISHED_NORMALLY:
         return "the command ended before any DataLoader delivered a batch"
     if record.processes:
-        return "the command never iterated a torch DataLoader, so no training step was timed"
+        return ("the command never iterated a torch DataLoader, nor stepped an optimizer or ran a backward pass, so no "
+                "training step was timed")
     return "no Python process under the command imported torch.utils.data"
 
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpufeed.record import schema
 from gpufeed.record.rows import LoopRows
 
-FORWARD, EVAL_FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2, 3  # measure/inside/loop.py
+FORWARD, EVAL_FORWARD, BACKWARD, OPTIMIZER = (schema.LOOP_FORWARD, schema.LOOP_EVAL_FORWARD, schema.LOOP_BACKWARD,
+                                             schema.LOOP_OPTIMIZER)
 FROM_OPTIMIZER = "optimizer"
 FROM_BACKWARD = "backward"
 

@@ -387,7 +387,9 @@ def _loop_metrics(m: Metrics, record: RunRecord) -> tuple[float, float] | None:
         return None
     _pid, steps = found
     warmup = min(record.meta.warmup_steps, max(len(steps) - 2, 0))
-    measured = steps.select(np.arange(len(steps)) >= warmup)
+    # The loop's first step has no start (its steps are spans between step ends), so it is the first of
+    # the warm-up: --steps N measures N steps here as it does for a DataLoader's batches.
+    measured = steps.select(np.arange(len(steps)) >= max(warmup - 1, 0))
     if len(measured) < 2:
         return None
     t0, t1 = float(measured.start[0]), float(measured.end[-1])

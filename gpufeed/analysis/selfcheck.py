@@ -94,6 +94,10 @@ def _fix_in_proportion(f: Finding, checks: list[str], site: str | None = None) -
     how = "slower than your settings" if high < 1.0 else f"within this run's noise (±{noise:.0%})"
     checks.append(f"the fix of {f.id} ({gain['setting']}) is predicted at {gain['speedup']:.2f}x "
                   f"({gain['low']:.2f}-{high:.2f}x), {how}: not offered")
+    if not f.fix_settings:  # a change to the user's code (a loop without a DataLoader), not a setting
+        return replace(f, severity=LOW, recommendation=(
+            f"No change is offered: {gain['setting']} is predicted at {gain['speedup']:.2f}x "
+            f"({gain['low']:.2f}-{high:.2f}x), {how}."))
     which = f" for the DataLoader at {site}" if site else ""
     return replace(f, severity=LOW, recommendation=(
         f"No DataLoader change is offered{which}: the what-if model puts {gain['setting']} at {gain['speedup']:.2f}x your "

@@ -36,8 +36,8 @@ STDERR_TAIL_LINES = 20
 # Time the command gets to end by itself once the probe has reached --steps (it asks the process
 # to exit; a loop fed from a thread may not hear it at once, and must not keep gpufeed waiting).
 STEPS_REACHED_GRACE_S = 10.0
-# --steps counts DataLoader batches: a command that has iterated none this long after its start is
-# told so then, not after it has run to its end (a loop without a DataLoader, or one gpufeed cannot see).
+# --steps counts training steps (DataLoader batches, or a loop's optimizer steps): a command that has
+# taken none this long after its start is told so then, not after it has run to its end.
 STEPS_UNCOUNTED_AFTER_S = 20.0
 
 
@@ -232,10 +232,11 @@ class _Run:
                 return schema.END_STEPS_REACHED  # the command did not end when asked: end it
             if uncounted_check is not None and now > uncounted_check:
                 uncounted_check = None
-                if not _any_iterator(self.run_dir):
-                    self._say(f"gpufeed: --steps {self.options.steps} counts DataLoader batches, and no DataLoader "
-                              f"has been iterated in the first {STEPS_UNCOUNTED_AFTER_S:.0f} s, so it cannot end the "
-                              "command: it runs to its own end (Ctrl-C stops it; what was measured is kept).")
+                if not _any_training(self.run_dir):
+                    self._say(f"gpufeed: --steps {self.options.steps} counts training steps (DataLoader batches, or "
+                              "a loop's optimizer steps), and none was taken in the first "
+                              f"{STEPS_UNCOUNTED_AFTER_S:.0f} s, so it cannot end the command: it runs to its own end "
+                              "(Ctrl-C stops it; what was measured is kept).")
             time.sleep(POLL_S)
         return None
 
@@ -289,12 +290,14 @@ class _Run:
         return finish_record(self.run_dir, self.meta, end_reason, exit_code, message, list(self.stderr_tail))
 
 
-def _any_iterator(run_dir: Path) -> bool:
-    """Whether any process of the command has registered a DataLoader iterator (its event flushed)."""
+def _any_training(run_dir: Path) -> bool:
+    """Whether any process of the command has registered a DataLoader iterator or timed a loop's
+    training (its event flushed)."""
     for path in (run_dir / schema.EVENTS_DIR).glob("*.jsonl"):
         try:
             with open(path, "rb") as f:
-                if b'"t_created"' in f.read(1 << 20):
+                head = f.read(1 << 20)
+                if b'"t_created"' in head or b'"kind":"loop"' in head:
                     return True
         except OSError:
             continue

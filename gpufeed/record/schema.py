@@ -98,9 +98,10 @@ CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
 # ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's
 # forward (with the loss module), 1 a forward without grad (evaluation), 2 backward, 3 an optimizer
-# step or a gradient clipping; samples: a training forward's batch; optimizer: which optimizer
+# step, a gradient clipping or a zero_grad; samples: a training forward's batch; optimizer: which optimizer
 # stepped (0 the first that did; null for the other parts).
 LOOP_COLUMNS = ("part", "t_start", "t_end", "samples", "optimizer")
+LOOP_FORWARD, LOOP_EVAL_FORWARD, LOOP_BACKWARD, LOOP_OPTIMIZER = 0, 1, 2, 3  # a loop row's part
 PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
 
 # An iterator's role (``iterator`` events): what its loader feeds. See measure/inside/roles.py.

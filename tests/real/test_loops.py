@@ -16,7 +16,7 @@ def test_a_loop_without_a_dataloader_is_measured_from_its_training(tmp_path, sha
     assert diag["run"]["end_reason"] == "steps_reached", diag["_stdout"]
     m = diag["metrics"]
     assert m["steps_from"] == steps_from
-    assert m["steps"] == 119, "--steps counts the loop's steps (the first measured one starts at a step's end)"
+    assert m["steps"] == 120, "--steps counts the loop's steps, as it does a DataLoader's batches"
     assert m["samples_per_s"] == pytest.approx(own_samples_per_s(diag, tmp_path / "own.jsonl"), rel=0.05)
     assert diag["bottleneck"] == "input", diag["_stdout"]
     found = finding(diag, "loop_batch_preparation")

@@ -7,6 +7,7 @@ a trial's run is judged as the diagnosis judges it.
 from __future__ import annotations
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.loop import FROM_BACKWARD, FROM_OPTIMIZER
 from gpufeed.analysis.metrics import Metrics
 
 INPUT, TRANSFER, HOST, COMPUTE = "input", "transfer", "host", "compute"
@@ -67,6 +68,12 @@ def costs(m: Metrics) -> dict[str, float | None]:
     measured = [v for v in losses.values() if v is not None]
     losses[COMPUTE] = max(0.0, 1.0 - sum(measured)) if measured else None
     return losses
+
+
+def without_dataloader(m: Metrics) -> bool:
+    """The run was measured from a loop that iterates no DataLoader (its steps are optimizer steps or
+    backward passes): the loader's questions do not apply; ``rules/loop.py`` asks its own."""
+    return m.steps_from in (FROM_OPTIMIZER, FROM_BACKWARD)
 
 
 def input_bound(m: Metrics) -> bool | None:

@@ -6,21 +6,20 @@ from __future__ import annotations
 from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import INFO, Finding, severity_for
-from gpufeed.analysis.loop import FROM_BACKWARD, FROM_OPTIMIZER
 from gpufeed.analysis.rules import tf_data
-from gpufeed.analysis.rules.facts import COMPUTE, HOST, INPUT, TRANSFER, costs, cpu_ms_per_sample, worker_cap
+from gpufeed.analysis.rules.facts import (COMPUTE, HOST, INPUT, TRANSFER, costs, cpu_ms_per_sample, without_dataloader,
+                                          worker_cap)
 from gpufeed.analysis.rules.gpu import host_finding
 from gpufeed.analysis.rules.wording import cores, others_sentence, wait_evidence, wait_sentence
 from gpufeed.record import schema
 from gpufeed.units import fmt
 
 FINISHED_NORMALLY = (schema.END_COMPLETED, schema.END_STEPS_REACHED, schema.END_TIMED_OUT)
-LOOP_STEPS = (FROM_OPTIMIZER, FROM_BACKWARD)
 
 
 def compute_bound(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    loop = m.steps_from in LOOP_STEPS  # no DataLoader: the loop's own batch preparation (rules/loop.py)
+    loop = without_dataloader(m)  # no DataLoader: the loop's own batch preparation (rules/loop.py)
     if (ctx.training is None and not loop) or m.data_wait_share is None:
         return None
     if any(share is not None and share >= th.BOTTLENECK_MIN_SHARE for kind, share in costs(m).items()
@@ -48,22 +47,23 @@ def compute_bound(ctx: Context) -> Finding | None:
 def no_dataloader(ctx: Context) -> Finding | None:
     # A command that failed (a syntax error, a missing script) says why in its end message: "wrap it
     # in a DataLoader" would be advice drawn from nothing.
-    if ctx.record.iterators or ctx.record.meta.end_reason not in FINISHED_NORMALLY or ctx.metrics.steps_from in LOOP_STEPS:
+    if ctx.record.iterators or ctx.record.meta.end_reason not in FINISHED_NORMALLY or without_dataloader(ctx.metrics):
         return None  # a loop measured from its optimizer steps needs no DataLoader (rules/loop.py)
     m = ctx.metrics
     host = f"host CPU averaged {fmt(m.cpu_util_pct, '.0f')}%" if m.cpu_util_pct is not None else "no host samples"
     gpu = (f", GPU utilization p50 {fmt(m.gpu_util_p50_pct, '.0f')}%" if m.gpu_util_p50_pct is not None
            else ", GPU metrics unavailable")
     if ctx.record.processes:
-        what = "The command never iterated a torch DataLoader"
+        what = "The command never iterated a torch DataLoader, nor stepped an optimizer or ran a backward pass"
     else:
         what = ("No Python process under the command imported torch.utils.data (or it ran with python -I/-E, "
                 "which ignores the PYTHONPATH gpufeed instruments through)")
     return Finding(
         id="no_dataloader", severity=INFO, cost_share=None,
         message=f"{what}, so data waits could not be measured ({host}{gpu}).",
-        recommendation=("gpufeed measures torch.utils.data.DataLoader; if the script feeds data another way, "
-                        "wrap it in a DataLoader or time that code yourself."),
+        recommendation=("gpufeed times a DataLoader's batches, or a loop's forward, backward and torch.optim "
+                        "steps; if the script trains another way, wrap its data in a DataLoader or time that "
+                        "code yourself."),
         evidence={"cpu_util_pct": m.cpu_util_pct, "gpu_util_p50_pct": m.gpu_util_p50_pct,
                   "python_processes_instrumented": len(ctx.record.processes)},
     )

@@ -7,7 +7,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
 from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, offloaded, restart_share,
-                                          steady_input_share,
+                                          steady_input_share, without_dataloader,
                                           worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
                                             wait_evidence, wait_sentence)
@@ -39,8 +39,8 @@ def too_few_workers(ctx: Context) -> Finding | None:
 
 def cpu_saturated(ctx: Context) -> Finding | None:
     m = ctx.metrics
-    if (not input_bound(m) or not host_saturated(m) or workers_asleep(m) or offloaded(m)
-            or (m.num_workers or 0) > m.cpu_count):
+    if (not input_bound(m) or not host_saturated(m) or workers_asleep(m) or offloaded(m) or without_dataloader(m)
+            or (m.num_workers or 0) > m.cpu_count):  # a loop without a DataLoader: rules/loop.py says it
         return None
     cpu_ms = cpu_ms_per_sample(m)
     cost = f" ({fmt(cpu_ms, '.1f')} ms of CPU per sample)" if cpu_ms else ""

@@ -8,8 +8,8 @@ model slicing one long tensor per step, a loop fed by a generator): their steps,
   batch is its second dimension). A module is the model when it has parameters that train; a
   module without any called on a tensor that requires grad is the loss, counted with the forward;
   one called on data (a transform) is the loop's own work;
-- ``torch.autograd.backward`` and ``torch.nn.utils.clip_grad_norm_``: the backward pass and the
-  clipping that belongs to the update.
+- ``torch.autograd.backward``, ``torch.nn.utils.clip_grad_norm_`` and ``zero_grad`` (of an
+  optimizer or a module): the backward pass, and the clipping and clearing that belong to the update.
 What is left of a step, from one optimizer step's end to the next's, is the loop's own work: taking
 and preparing the batch (``get_batch``, slicing, a generator's ``next()``), copying it to the device,
 logging. Recorded as ``loop`` rows (``schema.LOOP_COLUMNS``); the analysis makes steps of them only in
@@ -25,9 +25,11 @@ import time
 from typing import Any, Callable
 
 from gpufeed.measure.inside.patching import patch, unpatch
+from gpufeed.record import schema
 
 # What a loop row times (schema.LOOP_COLUMNS "part").
-FORWARD, EVAL_FORWARD, BACKWARD, OPTIMIZER = 0, 1, 2, 3
+FORWARD, EVAL_FORWARD, BACKWARD, OPTIMIZER = (schema.LOOP_FORWARD, schema.LOOP_EVAL_FORWARD, schema.LOOP_BACKWARD,
+                                             schema.LOOP_OPTIMIZER)
 
 _clock = time.perf_counter
 _hooks: "LoopHooks | None" = None
@@ -88,6 +90,13 @@ def _on_grad(args: tuple) -> bool:
     return any(getattr(value, "requires_grad", False) for value in args)
 
 
+def _zero_grad_owners(torch: Any) -> tuple:
+    # Clearing the gradients is the update's work, wherever the loop calls it: left untimed, a small
+    # model's zero_grad read as the loop's own work (batch preparation) in every step.
+    from torch.optim.optimizer import Optimizer  # an import: torch may still be importing itself
+    return (Optimizer, torch.nn.Module)
+
+
 def install(probe: Any) -> None:
     """Hook the training into ``probe`` (idempotent)."""
     global _hooks, _grad_enabled
@@ -95,12 +104,15 @@ def install(probe: Any) -> None:
     if _hooks is not None:
         _hooks.probe = probe
         return
+    from torch.optim import optimizer  # imports first: torch may still be importing itself
+    owners = _zero_grad_owners(torch)
     _grad_enabled = torch.is_grad_enabled
     hooks = _hooks = LoopHooks(probe)
     patch(torch.nn.Module, "__call__", _make_call)
     patch(torch.autograd, "backward", _make_timed(BACKWARD, steps=True))
     patch(torch.nn.utils, "clip_grad_norm_", _make_timed(OPTIMIZER, steps=False))
-    from torch.optim import optimizer
+    for owner in owners:
+        patch(owner, "zero_grad", _make_timed(OPTIMIZER, steps=False))
     hooks.removers = [optimizer.register_optimizer_step_pre_hook(_before_step),
                       optimizer.register_optimizer_step_post_hook(_after_step)]
 
@@ -127,6 +139,8 @@ def uninstall(keep_rows: bool = False) -> None:
     unpatch(torch.nn.Module, "__call__")
     unpatch(torch.autograd, "backward")
     unpatch(torch.nn.utils, "clip_grad_norm_")
+    for owner in _zero_grad_owners(torch):
+        unpatch(owner, "zero_grad")
     for remover in (hooks.removers if hooks is not None else []):
         remover.remove()
 

@@ -7,12 +7,17 @@
                                        # sliced per step, a sequence-first LSTM, the update by hand
     python loops.py --shape generator  # batches from a Python generator
 
-``--read-ms``: the cost of reading one batch (a sleep). Writes its own count to $OWN_COUNT
+``--read-ms``: the cost of reading one batch (a sleep); ``--prefetch``: the batches prepared ahead on
+a background thread (the fix gpufeed prints; bench/loops.py measures it). Writes its own count to $OWN_COUNT
 (own_count.py): one line per step with the samples it trained on, one per evaluation pass.
 """
 import argparse
+import atexit
+import itertools
 import os
+import queue
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -22,6 +27,28 @@ from torch import nn
 from own_count import OwnCount
 
 BATCH, BLOCK, VOCAB = 8, 32, 64
+
+
+def ahead(make, depth=4):
+    """--prefetch: the fix gpufeed's loop_batch_preparation prints, written as users write it: a
+    background thread calls ``make()`` and keeps ``depth`` batches ready in a queue (stopped and
+    joined at exit: a thread still in torch while the interpreter finalises can abort it)."""
+    ready, stop = queue.Queue(depth), threading.Event()
+
+    def produce():
+        while not stop.is_set():
+            batch = make()
+            while not stop.is_set():
+                try:
+                    ready.put(batch, timeout=0.05)
+                    break
+                except queue.Full:
+                    pass
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    atexit.register(lambda: (stop.set(), thread.join()))
+    return ready.get
 
 
 def gpt(args, own):
@@ -50,6 +77,8 @@ def gpt(args, own):
         model.train()
         return sum(losses) / len(losses)
 
+    if args.prefetch:
+        get_batch = ahead(get_batch)
     x, y = get_batch()
     for step in range(args.steps):
         if step % 50 == 0 and step:
@@ -80,10 +109,17 @@ def lstm(args, own):
     batch = corpus[: len(corpus) // BATCH * BATCH].view(BATCH, -1).t().contiguous()  # [time, batch]
     model, criterion, lr = RNNModel(), nn.NLLLoss(), 0.5
     hidden = (torch.zeros(1, BATCH, 64), torch.zeros(1, BATCH, 64))
-    for step in range(args.steps):
-        i = (step * BLOCK) % (len(batch) - BLOCK - 1)
+    steps = itertools.count()
+
+    def get_batch():
+        i = (next(steps) * BLOCK) % (len(batch) - BLOCK - 1)
         time.sleep(args.read_ms / 1000)
-        data, targets = batch[i:i + BLOCK], batch[i + 1:i + 1 + BLOCK].reshape(-1)
+        return batch[i:i + BLOCK], batch[i + 1:i + 1 + BLOCK].reshape(-1)
+
+    if args.prefetch:
+        get_batch = ahead(get_batch)
+    for step in range(args.steps):
+        data, targets = get_batch()
         hidden = tuple(h.detach() for h in hidden)
         model.zero_grad()
         output, hidden = model(data, hidden)
@@ -105,8 +141,9 @@ def generator(args, own):
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     stream = batches()
+    take = ahead(lambda: next(stream)) if args.prefetch else lambda: next(stream)
     for _ in range(args.steps):
-        x, y = next(stream)
+        x, y = take()
         loss = nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()
@@ -119,6 +156,7 @@ def main():
     parser.add_argument("--shape", choices=["gpt", "lstm", "generator"], default="gpt")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--read-ms", type=float, default=3.0)
+    parser.add_argument("--prefetch", action="store_true", help="prepare batches ahead on a background thread")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
