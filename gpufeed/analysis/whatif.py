@@ -276,6 +276,10 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
         spin = spin_waiting if workers else beside * threads / (threads - 1)
     cfg = training.config
     batch = float(np.median(in_window.samples)) if len(in_window) else float(cfg.get("batch_size") or 1)
+    if (m.loaders_per_step or 1) > 1 and m.samples and m.steps:
+        # Loaders stepped together (analysis/together.py): the model feeds the lead loader, whose step
+        # holds the others' next() as its compute; a step trains on all their samples, as measured.
+        batch = m.samples / m.steps
     startups, spawns, stops, per_epoch, whole_epochs = _startup(its, workers)
     cow, fork_s = _copy_on_write(record, training.pid, its, compute, cfg.get("multiprocessing_context"))
     if not workers and fork_s is not None:  # this process's own fork, measured: a larger one forks slower

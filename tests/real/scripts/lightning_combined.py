@@ -1,0 +1,49 @@
+"""A Lightning module trained on two loaders at once, as people write them: train_dataloader()
+returns a dict of DataLoaders, which Lightning steps together through its CombinedLoader
+(max_size_cycle), one batch of each per training step."""
+import argparse
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+import lightning as L
+
+from own_count import OwnCount
+from slow_data import Slow
+
+
+class Model(L.LightningModule):
+    def __init__(self, workers: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
+        self.workers = workers
+        self.count = OwnCount()
+
+    def training_step(self, batch, batch_idx):
+        (xa, ya), (xb, yb) = batch["labeled"], batch["extra"]
+        self.count.step(len(xa) + len(xb))
+        return (nn.functional.cross_entropy(self.net(xa), ya) + nn.functional.cross_entropy(self.net(xb), yb))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        labeled = DataLoader(Slow(8 * 40, 3.0), batch_size=8, shuffle=True, num_workers=self.workers)  # LABELED
+        extra = DataLoader(Slow(4 * 30, 2.0), batch_size=4, shuffle=True, num_workers=self.workers)
+        return {"labeled": labeled, "extra": extra}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--workers", type=int, default=1)
+    args = p.parse_args()
+    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Model(args.workers))
+    print("lightning_combined: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
