@@ -3,30 +3,22 @@ returns a dict of DataLoaders, which Lightning steps together through its Combin
 (max_size_cycle), one batch of each per training step."""
 import argparse
 
-import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 import lightning as L
 
-from own_count import OwnCount
+from lightning_val import Model as OneLoaderModel
 from slow_data import Slow
 
 
-class Model(L.LightningModule):
-    def __init__(self, workers: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 3))
-        self.workers = workers
-        self.count = OwnCount()
+class Model(OneLoaderModel):
+    """lightning_val's module, trained on two loaders (its validation is turned off in main())."""
 
     def training_step(self, batch, batch_idx):
         (xa, ya), (xb, yb) = batch["labeled"], batch["extra"]
         self.count.step(len(xa) + len(xb))
         return (nn.functional.cross_entropy(self.net(xa), ya) + nn.functional.cross_entropy(self.net(xb), yb))
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def train_dataloader(self):
         labeled = DataLoader(Slow(8 * 40, 3.0), batch_size=8, shuffle=True, num_workers=self.workers)  # LABELED
@@ -40,7 +32,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=1)
     args = p.parse_args()
     trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0)
     trainer.fit(Model(args.workers))
     print("lightning_combined: done", flush=True)
 
