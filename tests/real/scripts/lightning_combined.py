@@ -1,14 +1,11 @@
 """A Lightning module trained on two loaders at once, as people write them: train_dataloader()
 returns a dict of DataLoaders, which Lightning steps together through its CombinedLoader
 (max_size_cycle), one batch of each per training step."""
-import argparse
-
 from torch import nn
 from torch.utils.data import DataLoader
 
-import lightning as L
-
 from lightning_val import Model as OneLoaderModel
+from lightning_val import main as fit
 from slow_data import Slow
 
 
@@ -27,15 +24,7 @@ class Model(OneLoaderModel):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--workers", type=int, default=1)
-    args = p.parse_args()
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, num_sanity_val_steps=0)
-    trainer.fit(Model(args.workers))
-    print("lightning_combined: done", flush=True)
+    fit(Model, workers=1, limit_val_batches=0, num_sanity_val_steps=0)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 train_dataloader() and val_dataloader() build the loaders, the sanity check on (its default), a
 validation pass every few training batches."""
 import argparse
+import os
+import sys
 
 import torch
 from torch import nn
@@ -45,16 +47,19 @@ class Model(L.LightningModule):
         return DataLoader(Slow(48, 1.0), batch_size=8, num_workers=0)  # VAL-LOADER
 
 
-def main() -> None:
+def main(model: type = Model, workers: int = 0, **trainer_args) -> None:
+    """Fit ``model`` on the command line's --epochs and --workers (``trainer_args``: the Trainer's own,
+    over this script's)."""
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--workers", type=int, default=workers)
     args = p.parse_args()
-    trainer = L.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        val_check_interval=20, num_sanity_val_steps=2)
-    trainer.fit(Model(args.workers))
-    print("lightning_val: done", flush=True)
+    trainer = L.Trainer(**{"max_epochs": args.epochs, "accelerator": "cpu", "devices": 1, "logger": False,
+                           "enable_checkpointing": False, "enable_progress_bar": False,
+                           "enable_model_summary": False, "val_check_interval": 20, "num_sanity_val_steps": 2,
+                           **trainer_args})
+    trainer.fit(model(args.workers))
+    print(f"{os.path.splitext(os.path.basename(sys.argv[0]))[0]}: done", flush=True)
 
 
 if __name__ == "__main__":
