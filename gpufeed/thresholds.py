@@ -328,6 +328,11 @@ WHATIF_MIN_FREE_CORES = 0.25
 WHATIF_TIE_SHARE = 0.02
 # The least uncertainty a prediction carries beyond its cost quartiles: the tune's noise floor.
 WHATIF_NOISE_FLOOR = 0.03
+# A rule sizes its advice from the model (too_few_workers' worker count) only where the model's
+# prediction of the run's own settings is within this share of what the run measured: every workload
+# of bench/what_if.py's held-out set was within 20% (docs/what-if.md); beyond it the model is not
+# describing this run.
+WHATIF_SIZING_MAX_ERROR = 0.20
 
 # -- Reliability: stopping the command, and what a run must measure to be judged --------------------
 # Time the command gets to end by itself once gpufeed asks it to stop (Ctrl-C, SIGTERM to gpufeed,

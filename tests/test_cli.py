@@ -77,15 +77,19 @@ def test_storage_bound(tmp_path):
 
 
 def test_cpu_bound_preprocessing_in_the_main_process(tmp_path):
-    # On 2 cores (pinned: the advice depends on the cores the job may use), one is left for a worker
-    # beside the training step; on one core, one worker is still the first step up from none.
+    # On 2 cores (pinned: the advice depends on the cores the job may use). The step is ~3% of the
+    # time, so the training process mostly waits: a worker per core is the fix (the script's own timer
+    # measured w2 at 1.49x and w1 at 0.90x), not one core kept for the step.
     diag = diagnose(tmp_path, "cpu_bound.py", cores=2)
-    assert diag["metrics"]["cpu_count"] == min(2, len(os.sched_getaffinity(0)))
+    cores = diag["metrics"]["cpu_count"]
+    assert cores == min(2, len(os.sched_getaffinity(0)))
     assert diag["bottleneck"] == "input"
     assert "too_few_workers" in ids(diag)
     f = next(f for f in diag["findings"] if f["id"] == "too_few_workers")
-    assert "num_workers=1" in f["recommendation"]
+    assert f"num_workers={cores}" in f["recommendation"]
     assert diag["metrics"]["num_workers"] == 0
+    if cores == 2:
+        assert f["gain"]["low"] > 1.2, f["gain"]
 
 
 def test_too_many_workers(tmp_path):

@@ -161,6 +161,9 @@ class WhatIf:
     yours: Prediction | None = None              # the run's own settings: the model against the run
     ceiling_samples_per_s: float | None = None   # compute only: the data always ready
     best: Prediction | None = None               # the best setting on this machine's cores
+    # The best with at most one worker per core and the run's persistent_workers: what a CPU-bound
+    # loader's worker count is sized to (workers beyond the cores only share them; too_few_workers).
+    best_one_per_core: Prediction | None = None
     predictions: list[Prediction] = field(default_factory=list)
     workers_for_ceiling: int | None = None       # fewest workers that reach the ceiling (enough cores)
     cores_for_ceiling: int | None = None         # cores that reach it; None when these cores already do
@@ -176,6 +179,7 @@ class WhatIf:
             "cores_for_ceiling": self.cores_for_ceiling,
             "yours": self.yours.to_dict() if self.yours else None,
             "best": self.best.to_dict() if self.best else None,
+            "best_one_per_core": self.best_one_per_core.to_dict() if self.best_one_per_core else None,
             "predictions": [p.to_dict() for p in self.predictions],
             "noise": json_safe(self.noise),
             "step_threads": self.costs.step_threads if self.costs else None,
@@ -904,12 +908,15 @@ def setting_label(workers: int, persistent: bool, cores: float, gpu_speedup: flo
 
 
 def best_setting(spread: _Spread, *, cores: float | None = None, gpu_speedup: float = 1.0, noise: float = 0.0,
-                 max_workers: int | None = None) -> Prediction:
-    """The fastest predicted setting; among those within 2% of it, the fewest workers (less memory)."""
+                 max_workers: int | None = None, persistent: bool | None = None,
+                 why: str = "best on these cores") -> Prediction:
+    """The fastest predicted setting; among those within 2% of it, the fewest workers (less memory).
+    ``persistent``: only settings with that persistent_workers (None: either)."""
     cores = spread.p50.cores if cores is None else cores
     top = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(int(cores), 1)
-    candidates = [predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why="best on these cores")
-                  for w in range(0, top + 1) for p in ((False, True) if w else (False,))]
+    kinds = (False, True) if persistent is None else (persistent,)
+    candidates = [predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why=why)
+                  for w in range(0, top + 1) for p in (kinds if w else (False,))]
     fastest = max(p.samples_per_s for p in candidates)
     close = [p for p in candidates if p.samples_per_s >= fastest * (1 - th.WHATIF_TIE_SHARE)]
     return min(close, key=lambda p: (p.num_workers, p.persistent_workers))
@@ -1019,6 +1026,9 @@ def _answers(spread: _Spread, noise: float, m: Metrics, cores: float | None = No
     return WhatIf(costs=replace(c, cores=cores), noise=noise, measured_samples_per_s=m.samples_per_s, yours=yours,
                   ceiling_samples_per_s=ceiling(c, gpu_speedup),
                   best=best_setting(spread, cores=cores, gpu_speedup=gpu_speedup, noise=noise),
+                  best_one_per_core=best_setting(spread, cores=cores, gpu_speedup=gpu_speedup, noise=noise,
+                                                 max_workers=max(int(cores), 1), persistent=c.persistent,
+                                                 why="best with a worker per core at most"),
                   predictions=[yours], workers_for_ceiling=needed_w,
                   cores_for_ceiling=needed_c if needed_c > cores - c.other_cores else None)
 

@@ -121,3 +121,5 @@ def test_shape_is_measured_or_said_not_measured(tmp_path, case):
         pytest.fail(f"samples not counted: {json.dumps(m.get('samples_unknown'))}")
     own = own_samples_per_s(diag, tmp_path / "own.jsonl")
     assert rate == pytest.approx(own, rel=tolerance(case, m["steps"]))
+    if case["workers"]:  # every loader's workers time their batches (StatefulDataLoader's had none)
+        assert m["fetch_ms_per_batch_p50"] is not None and m["worker_fetch_cpu_ratio"] is not None, m

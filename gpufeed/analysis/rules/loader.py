@@ -19,7 +19,7 @@ def too_few_workers(ctx: Context) -> Finding | None:
     m = ctx.metrics
     if not input_bound(m) or m.num_workers is None or host_saturated(m) or workers_asleep(m) or offloaded(m):
         return None
-    suggested = min(max(m.workers_needed or 0, m.num_workers + 1), worker_cap(m))
+    suggested = _workers_to_suggest(ctx)
     if suggested <= m.num_workers:
         return None
     return Finding(
@@ -35,6 +35,25 @@ def too_few_workers(ctx: Context) -> Finding | None:
                     "worker_fetch_cpu_ratio_at_least": th.WORKER_ASLEEP_CPU_RATIO},
         fix_settings={"num_workers": suggested},
     )
+
+
+def _workers_to_suggest(ctx: Context) -> int:
+    """The model's best worker count with a worker per core at most, where it predicts more workers
+    than the run's; else one more than the run's, up to what the cores hold (``worker_cap``). The
+    heuristic alone was wrong on a CPU-bound loop on 2 cores whose step is 3% of its time: it kept a
+    core for the step and said num_workers=1, which measured 0.90x; the model put w1 at 0.98x and w2
+    at 1.48x (1.43-1.54x), and w2 measured 1.49x (tests/workloads/cpu_bound.py, docs/what-if.md)."""
+    m = ctx.metrics
+    fit = getattr(ctx.what_if, "best_one_per_core", None)
+    if fit is not None and fit.num_workers > m.num_workers and _model_describes_the_run(ctx.what_if):
+        return fit.num_workers
+    return min(max(m.workers_needed or 0, m.num_workers + 1), worker_cap(m))
+
+
+def _model_describes_the_run(what_if) -> bool:
+    measured, yours = what_if.measured_samples_per_s, what_if.yours
+    return bool(measured and yours is not None
+                and abs(yours.samples_per_s - measured) <= th.WHATIF_SIZING_MAX_ERROR * measured)
 
 
 def cpu_saturated(ctx: Context) -> Finding | None:

@@ -11,13 +11,19 @@ batch is covered:
 - ``_BaseDataLoaderIter._reset``: a persistent-worker iterator starts another epoch.
 - ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch (and, with
   ``num_workers=0``, where the batch is made inside ``next()``, now and then its CPU time).
-- ``_utils.worker._worker_loop``: inside each worker only, ``_MapDatasetFetcher.fetch`` and
-  ``_IterableDatasetFetcher.fetch`` are patched to time every batch the worker makes and its CPU
-  time, so the analysis can tell a busy worker from a sleeping one and count what workers produce.
+- ``_utils.worker.WorkerInfo.__init__``: a DataLoader worker starts. Every worker loop makes its
+  ``WorkerInfo`` (what ``get_worker_info()`` answers) before the user's ``worker_init_fn`` and its
+  first batch: torch's ``_worker_loop`` and torchdata's ``StatefulDataLoader`` loop alike, without
+  naming either. There, inside the worker only, ``_MapDatasetFetcher.fetch`` and
+  ``_IterableDatasetFetcher.fetch`` (which every such loop makes its batches with) are patched to time
+  every batch and its CPU time, so the analysis can tell a busy worker from a sleeping one and count
+  what workers produce.
 """
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import os
 import sys
 import time
 import weakref
@@ -107,7 +113,7 @@ def patch_torch(probe: Probe) -> None:
     patch(base, "__next__", make_next)
     # Batches are timed where they are made: patched inside each worker only, so the training
     # process's own hot path carries nothing for them.
-    patch(worker, "_worker_loop", lambda original: worker_loop)
+    patch(worker.WorkerInfo, "__init__", _make_worker_info_init)
 
 
 def unpatch_torch() -> None:
@@ -117,7 +123,7 @@ def unpatch_torch() -> None:
     from torch.utils.data._utils import fetch, worker
     for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "__init__"),
                       (dataloader._BaseDataLoaderIter, "_reset"),
-                      (dataloader._BaseDataLoaderIter, "__next__"), (worker, "_worker_loop"),
+                      (dataloader._BaseDataLoaderIter, "__next__"), (worker.WorkerInfo, "__init__"),
                       (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
         unpatch(cls, name)
     if "_gpufeed_state" in dataloader._BaseDataLoaderIter.__dict__:
@@ -314,20 +320,32 @@ def epoch_ended(state: IteratorState, t_request: float) -> None:
 
 
 # -- inside each worker ---------------------------------------------------------------------------------------
-def worker_loop(*args: Any, **kwargs: Any) -> Any:
-    """Stands in for ``torch.utils.data._utils.worker._worker_loop``, the function each worker runs.
+_worker_started_in: int | None = None  # the pid whose worker start was seen (a fork inherits the value)
 
-    Module-level on purpose: with the spawn start method the worker's target is pickled by name.
-    """
-    from torch.utils.data._utils import fetch, worker
-    original = getattr(worker._worker_loop, "_gpufeed_original", None) or worker._worker_loop
-    if original is worker_loop:  # defensive: never recurse into ourselves
-        raise RuntimeError("gpufeed: torch's worker loop was lost")
-    if _probe is not None:
-        _probe.start_in_worker()
-        patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
-        patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
-    return original(*args, **kwargs)
+
+def _make_worker_info_init(original: Callable) -> Callable:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            _start_in_worker()
+        except Exception as error:  # a measurement never breaks the user's loop
+            if _probe is not None:
+                _probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")
+    return __init__
+
+
+def _start_in_worker() -> None:
+    """Once per worker process: the probe starts there, and the fetchers are timed. Only in a process
+    multiprocessing started (a DataLoader worker, forked or spawned); a ``WorkerInfo`` made elsewhere
+    (gpufeed's Ray batch makers, ``gpufeed/offload/remote.py``) is not a worker of this job's loader."""
+    global _worker_started_in
+    if _probe is None or _worker_started_in == os.getpid() or multiprocessing.parent_process() is None:
+        return
+    _worker_started_in = os.getpid()
+    from torch.utils.data._utils import fetch
+    _probe.start_in_worker()
+    patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+    patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
 
 
 def _make_fetch(original: Callable) -> Callable:

@@ -107,7 +107,7 @@ class Probe:
             self._start_in_this_process()
 
     def start_in_worker(self) -> None:
-        """In a DataLoader worker (forked or spawned), before its loop (``patches.worker_loop``)."""
+        """In a DataLoader worker (forked or spawned), as it starts (``patches._start_in_worker``)."""
         self.ensure_this_process()
         # A forked worker inherits the training process's Tensor.to patch: its copies are not the
         # loop's (and its transforms' .to() calls must not pay for it).
