@@ -137,7 +137,6 @@ def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from gpufeed.measure.inside import overrides
     current = _Probe(None)
     data = TensorDataset(torch.zeros(256, 8), torch.zeros(256, dtype=torch.long))
 
@@ -148,8 +147,7 @@ def loader_cost(blocks: int, loaders: int) -> tuple[float, float]:
         return (time.thread_time() - t0) / loaders
 
     def patch(probe) -> None:
-        current.patch_torch(probe)
-        overrides.patch_dataloader_init(None, report=probe.event)
+        current.patch_torch(probe)  # the DataLoader hook notes where each loader is built
 
     # unpatch_torch removes the construction hook too.
     return alternate(current, block, patch, current.unpatch_torch, blocks)

@@ -18,9 +18,8 @@ from gpufeed import defaults
 from gpufeed import thresholds as th
 from gpufeed.analysis import Diagnosis, Finding, Metrics
 from gpufeed.analysis import analyze as _analyze
-from gpufeed.measure.inside import overrides
-from gpufeed.measure.inside.install import note_process
-from gpufeed.measure.inside.patches import active_probe, patch_torch, unpatch_torch
+from gpufeed.measure.inside.install import arm
+from gpufeed.measure.inside.patches import active_probe, unpatch_torch
 from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.outside.sampler import Sampler
 from gpufeed.measure.runner import finish_record, start_record
@@ -72,9 +71,7 @@ class Profiler:
             raise RuntimeError("gpufeed is already measuring this process (nested profile() or under diagnose)")
         meta = start_record(self.run_dir, [sys.executable] + sys.argv, None, self.warmup_steps)
         probe = Probe(str(self.run_dir), warmup_steps=self.warmup_steps)  # its fork probe runs in the warm-up
-        note_process(probe)   # its rank too: the callbacks write one record per rank
-        patch_torch(probe)
-        overrides.patch_dataloader_init(None, report=probe.event)  # where each loader is built, as under diagnose
+        arm(probe)   # as under diagnose; its rank too: the callbacks write one record per rank
         sampler = Sampler(self.run_dir, os.getpid(), interval_s=self.interval_s)
         sampler.start()
         self._running = (meta, probe, sampler)

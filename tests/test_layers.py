@@ -31,6 +31,7 @@ LAYERS: list[list[str]] = [
     ["gpufeed.trials"],                                      # one run of a command with settings overridden
     ["gpufeed.tune", "gpufeed.batchsize"],                   # searches made of trials
     ["gpufeed.autotune"],                                    # tune's search inside the training run
+    ["gpufeed.arming"],                                      # a process under gpufeed: the probe, then autotune, offload
     ["gpufeed.integrations", "gpufeed.present"],
     ["gpufeed.cli", "gpufeed.demo", "gpufeed"],              # the command line; the package's facade
     ["gpufeed.__main__"],                                    # python -m gpufeed
@@ -45,12 +46,7 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 }
 
 # (importer's component or prefix, imported component or prefix): what removes it.
-KNOWN: dict[tuple[str, str], str] = {
-    ("gpufeed.measure.inside", "gpufeed.autotune"): "the probe's one call that applies --autotune to the training "
-        "loader (issue 16): a hook named by the probe configuration would remove it",
-    ("gpufeed.measure.inside", "gpufeed.offload"): "the probe's one call that applies --offload to the training "
-        "loader (issue 18): the same hook would remove it",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 KNOWN_CYCLES: dict[frozenset[str], str] = {}
 
 

@@ -169,15 +169,13 @@ def test_the_users_own_modules_travel_by_value_to_nodes_without_them(tmp_path, m
 def test_several_ranks_decline_with_one_sentence_before_training(monkeypatch, capsys, rank, said):
     """Under torchrun without --ray-address each rank would start its own local Ray: the loader is not
     offloaded, and rank 0 says why, once, when the probe installs. With an address, each rank offloads."""
-    from torch.utils.data import dataloader
-
+    from gpufeed.measure.inside import dataloader_hook
     from gpufeed.offload import hook
-    before = dataloader.DataLoader._get_iterator
     monkeypatch.setenv(*next(iter(OffloadSettings().to_env().items())))
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
     hook.install_from_env()
-    assert dataloader.DataLoader._get_iterator is before and hook._state is None  # nothing armed
+    assert hook._state is None and not any(isinstance(p, hook._Offload) for p in dataloader_hook.providers())
     err = capsys.readouterr().err
     assert err.count("--offload is off: this job has 2 ranks and no --ray-address") == (1 if said else 0)
     for name, value in (("WORLD_SIZE", "1"),  # one rank: offloaded as ever
@@ -185,7 +183,7 @@ def test_several_ranks_decline_with_one_sentence_before_training(monkeypatch, ca
         monkeypatch.setenv(name, value)
         try:
             hook.install_from_env()
-            assert getattr(dataloader.DataLoader._get_iterator, hook.MARK, None) is before
+            assert hook._state is not None and hook._state in dataloader_hook.providers()
         finally:
             hook.uninstall()
 

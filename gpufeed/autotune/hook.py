@@ -1,7 +1,7 @@
 """``gpufeed run --autotune`` and ``gpufeed diagnose --autotune``: the training loader, autotuned.
 
-The runner sets ``GPUFEED_AUTOTUNE`` in the command's environment; the probe's start-up calls
-``install_from_env()``, which wraps ``DataLoader.__iter__``: the first loader iterated as a training
+The runner sets ``GPUFEED_AUTOTUNE`` in the command's environment; the process's arming
+(``gpufeed/arming``) adds ``AutotuneProvider`` to the DataLoader hook: the first loader iterated as a training
 one (``measure/inside/roles.py``: with gradients on, not from an evaluation loop) gets a
 ``SwitchingLoader`` with a ``Controller``, and every epoch of it is that loader's epoch. The user's
 loader object is never iterated itself (its workers are never started); the children the switching
@@ -16,12 +16,12 @@ import os
 import sys
 from typing import Any
 
+from gpufeed.measure.inside import patches, roles
+from gpufeed.measure.inside.dataloader_hook import Provider
+from gpufeed.measure.inside.loader_tag import LoaderTag
+
 ENV_AUTOTUNE = "GPUFEED_AUTOTUNE"  # "1", or a JSON object of Controller options ({"period_s": 2})
 OPTIONS = ("period_s", "min_batches", "max_workers")
-
-# The probe module hands itself over (it must not be imported from here: the probe imports this).
-_state: dict[str, Any] = {"options": None, "taken": False, "probe": None}
-
 
 def options_from_env() -> dict[str, Any] | None:
     """The options in ``GPUFEED_AUTOTUNE``; None when autotune is off. A bad value is said once."""
@@ -40,64 +40,39 @@ def options_from_env() -> dict[str, Any] | None:
     return options
 
 
-def install_from_env(probe_module: Any = None) -> None:
-    """Wrap ``DataLoader.__iter__`` when ``GPUFEED_AUTOTUNE`` asks for it (idempotent).
-    ``probe_module``: ``gpufeed.measure.inside.patches`` (its ``active_probe()`` takes the decisions
-    to the record, its ``new_loader_id()`` files the children under the user's loader)."""
-    options = options_from_env()
-    if options is None:
-        return
-    _state["probe"] = probe_module
-    from torch.utils.data import dataloader
-    original = dataloader.DataLoader.__iter__
-    if getattr(original, "_gpufeed_autotune", False):
-        return
-    _state["options"] = options
+class AutotuneProvider(Provider):
+    """The first loader iterated as a training one is iterated through a ``SwitchingLoader``."""
 
-    def __iter__(self):
-        switching = _switching_for(self, sys._getframe(1))
-        return original(self) if switching is None else iter(switching)
+    order = 30  # after the settings are applied, before an iterator is made (offload's, the probe's)
 
-    __iter__._gpufeed_autotune = True
-    __iter__.__wrapped__ = original
-    dataloader.DataLoader.__iter__ = __iter__
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+        self.taken = False  # one training loader per process is tuned: the first one
 
-
-def _switching_for(loader: Any, frame: Any) -> Any:
-    """The switching loader standing in for ``loader``, or None to iterate it as it is."""
-    if getattr(loader, "_gpufeed_autotune_child", False):
-        return None
-    switching = loader.__dict__.get("_gpufeed_switching")
-    if switching is not None:
+    def iterable(self, loader: Any, tag: LoaderTag, role: str) -> Any:
+        switching = tag.held.get("switching")
+        if switching is not None or self.taken or role != roles.TRAIN:
+            return switching
+        from gpufeed.autotune import autotune
+        self.taken = True  # not the loader itself: a reference would keep it (and its dataset) alive
+        if tag.loader_id is None:  # the children's iterators are filed under one loader in the record: the user's
+            tag.loader_id = patches.new_loader_id()
+        switching = autotune(loader, log=_log, **self.options)  # the package: one layer above the probe
+        if switching is loader:  # declined (said why)
+            return None
+        tag.held["switching"] = switching
         return switching
-    if _state["taken"]:
-        return None  # one training loader per process is tuned: the first one
-    from gpufeed.measure.inside import roles
-    built = getattr(loader, "_gpufeed_built", None) or {}
-    role, _ = roles.iterator_role(frame, built.get("built_as"))
-    if role != roles.TRAIN:
-        return None
-    from gpufeed.autotune import autotune
-    _state["taken"] = True  # not the loader itself: a reference would keep it (and its dataset) alive
-    _share_loader_id(loader)
-    switching = autotune(loader, log=_log, **_state["options"])  # the package: one layer above the probe
-    if switching is loader:  # declined (said why)
-        return None
-    loader.__dict__["_gpufeed_switching"] = switching
-    return switching
 
 
-def _share_loader_id(loader: Any) -> None:
-    """The children's iterators are filed under one loader in the record: the user's."""
-    new_id = getattr(_state["probe"], "new_loader_id", None)
-    if new_id is not None and getattr(loader, "_gpufeed_loader_id", None) is None:
-        loader._gpufeed_loader_id = new_id()
+def provider_from_env() -> AutotuneProvider | None:
+    """The provider ``GPUFEED_AUTOTUNE`` asks for, or None."""
+    options = options_from_env()
+    return None if options is None else AutotuneProvider(options)
 
 
 def _log(kind: str, **fields: Any) -> None:
     """To the run record under ``diagnose``; one line on stderr under ``run`` (no record)."""
-    probe_module = _state["probe"]
-    probe = probe_module.active_probe() if probe_module is not None else None
+    probe = patches.active_probe()
     if probe is not None:
         probe.event(kind, **fields)
         return

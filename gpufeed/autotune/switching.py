@@ -40,6 +40,8 @@ from dataclasses import replace
 from typing import Any, Callable, Iterator, Protocol
 
 from gpufeed import thresholds as th
+from gpufeed.measure.inside import dataloader_hook
+from gpufeed.measure.inside.loader_tag import tag, tag_of
 from gpufeed.measure.inside.overrides import LoaderSettings, apply
 
 # Spreads derived worker seeds apart (the 64-bit golden-ratio constant); any odd constant would do.
@@ -241,7 +243,7 @@ class SwitchingLoader:
     def _start(self, order: _Order | None, seed_state: Any) -> tuple[Any, _Feed | None]:
         """An iterator of a child with the current settings, pulling from ``order``."""
         child = self._child(self.settings)
-        feed = getattr(child, "_gpufeed_feed", None)
+        feed = tag(child).held.get("feed")
         if feed is not None:
             feed.order, feed.open = order, True
             feed.pulled.clear()
@@ -406,7 +408,7 @@ def _samples_per_item(loader: Any) -> int | None:
 def _build_child(loader: Any, settings: LoaderSettings, iterable: bool) -> Any:
     """A plain DataLoader over the user's dataset with ``settings``, fed from the epoch's order.
 
-    Built with torch's own ``__init__`` (past gpufeed's ``--config`` override hook), and carrying
+    Built past the DataLoader hook's providers (no ``--config`` settings applied to it), and carrying
     the user's loader's identity (where it was built, its id) so the run record files its
     iterators under the training loader."""
     import inspect
@@ -419,8 +421,7 @@ def _build_child(loader: Any, settings: LoaderSettings, iterable: bool) -> Any:
         "multiprocessing_context": loader.multiprocessing_context, "collate_fn": loader.collate_fn,
         "generator": torch.Generator(),
     }
-    init = getattr(DataLoader.__init__, "_gpufeed_original", DataLoader.__init__)
-    parameters = inspect.signature(init).parameters
+    parameters = inspect.signature(DataLoader.__init__).parameters
     if "in_order" in parameters:
         kwargs["in_order"] = getattr(loader, "in_order", True)
     if getattr(loader, "pin_memory_device", "") and "pin_memory_device" in parameters:
@@ -435,14 +436,12 @@ def _build_child(loader: Any, settings: LoaderSettings, iterable: bool) -> Any:
     else:
         feed = _Feed()
         kwargs.update(batch_size=None, sampler=feed)
-    child = DataLoader.__new__(DataLoader)
-    init(child, loader.dataset, **kwargs)
-    child._gpufeed_feed = feed
-    child._gpufeed_autotune_child = True
-    for name in ("_gpufeed_site", "_gpufeed_built", "_gpufeed_loader_id"):
-        value = getattr(loader, name, None)
-        if value is not None:
-            setattr(child, name, value)
+    child = dataloader_hook.build_plain(DataLoader, loader.dataset, **kwargs)
+    user = tag_of(loader)
+    if user is not None:  # filed under the user's loader: where it was built, its id
+        child_tag = tag(child)
+        child_tag.site, child_tag.built, child_tag.loader_id = user.site, user.built, user.loader_id
+    tag(child).held["feed"] = feed
     return child
 
 

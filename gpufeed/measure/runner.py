@@ -30,7 +30,8 @@ from gpufeed.record import schema
 from gpufeed.record.layout import default_run_dir
 from gpufeed.record.writer import write_json_atomic
 
-BOOTSTRAP_DIR = Path(__file__).resolve().parent / "inside" / "bootstrap"
+# The sitecustomize that arms every Python process of the command (gpufeed/arming): a folder, not an import.
+BOOTSTRAP_DIR = Path(__file__).resolve().parent.parent / "arming" / "bootstrap"
 PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the folder gpufeed itself is imported from
 STDERR_TAIL_LINES = 20
 # Time the command gets to end by itself once the probe has reached --steps (it asks the process

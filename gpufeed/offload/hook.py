@@ -1,10 +1,11 @@
 """Inside the training process: offload the training DataLoader's iterators to Ray.
 
-``install_from_env()`` (called by the probe's installer, where torch's DataLoader is imported, under
-``gpufeed run --offload`` and ``gpufeed diagnose --offload``) wraps ``DataLoader._get_iterator``:
-an iterator of a training loader (map-style or IterableDataset) becomes a ``RayBatches``; evaluation
-loaders, and every loader once the cluster is lost, keep torch's own iterator.
-The probe wraps ``_get_iterator`` after this, so it measures the offloaded iterator like any other.
+``install_from_env()`` (called by the process's arming, ``gpufeed/arming``, where torch's DataLoader is
+imported, under ``gpufeed run --offload`` and ``gpufeed diagnose --offload``) adds a provider to the
+DataLoader hook (``measure/inside/dataloader_hook.py``): an iterator of a training loader (map-style or
+IterableDataset) becomes a ``RayBatches``; evaluation loaders, and every loader once the cluster is
+lost, keep torch's own iterator. The probe's provider runs after it, so it measures the offloaded
+iterator like any other.
 
 What cannot start (Ray missing, the cluster unreachable, a dataset that cannot be pickled) ends the
 process before its first batch with one sentence on stderr, never a traceback through gpufeed.
@@ -16,11 +17,11 @@ import statistics
 import sys
 from typing import Any
 
+from gpufeed.measure.inside import dataloader_hook, roles
 from gpufeed.offload.errors import OffloadError
 from gpufeed.offload.settings import OffloadSettings
 
 EXIT_OFFLOAD_FAILED = 3  # the training could not start on the cluster asked for
-MARK = "_gpufeed_offload_original"
 
 _state: "_Offload | None" = None
 
@@ -62,33 +63,18 @@ def distributed_refusal(settings: OffloadSettings) -> str | None:
 
 
 def install(settings: OffloadSettings) -> None:
+    """Add the offloading provider to the DataLoader hook (idempotent)."""
     global _state
-    from torch.utils.data import dataloader
-    original = dataloader.DataLoader._get_iterator
-    if getattr(original, MARK, None) is not None:
+    if _state is not None:
         return
     _state = _Offload(settings)
-
-    def _get_iterator(self):
-        state = _state
-        if state is None or not state.wants(self, sys._getframe(1)):
-            return original(self)
-        try:
-            return state.iterator(self)
-        except OffloadError as error:
-            _fail(str(error))
-
-    setattr(_get_iterator, MARK, original)
-    dataloader.DataLoader._get_iterator = _get_iterator
+    dataloader_hook.add(_state)
 
 
 def uninstall() -> None:
     global _state
-    from torch.utils.data import dataloader
-    original = getattr(dataloader.DataLoader._get_iterator, MARK, None)
-    if original is not None:
-        dataloader.DataLoader._get_iterator = original
     if _state is not None:
+        dataloader_hook.remove(_state)
         _state.close()
     _state = None
 
@@ -112,9 +98,11 @@ def _active_probe() -> Any:
     return module.active_probe() if module is not None else None
 
 
-class _Offload:
+class _Offload(dataloader_hook.Provider):
     """One process's offloading: the driver holding the Ray connection (started at the first
     training iterator, kept for the next ones), and what it did."""
+
+    order = 60  # makes the training iterator in torch's place; the probe (after it) measures it
 
     def __init__(self, settings: OffloadSettings) -> None:
         from gpufeed.offload.iterator import Stats
@@ -125,16 +113,17 @@ class _Offload:
         self.stats = Stats(on_progress=self.record)
         self.recorded = 0  # batches whose latency an `offload` event has summed up already
 
-    def wants(self, loader: Any, frame: Any) -> bool:
-        """Whether this iterator is offloaded: a training loader's (map-style or IterableDataset)."""
-        if self.lost:
-            return False
-        from gpufeed.measure.inside import roles
-        built = getattr(loader, "_gpufeed_built", None) or {}
-        role, _why = roles.iterator_role(frame, built.get("built_as"))
-        return role == roles.TRAIN
+    def iterator(self, loader: Any, tag: Any, role: str) -> Any:
+        """A training loader's iterator (map-style or IterableDataset), made on Ray; None for the rest,
+        and for every loader once the cluster is lost."""
+        if self.lost or role != roles.TRAIN:
+            return None
+        try:
+            return self._ray_batches(loader)
+        except OffloadError as error:
+            _fail(str(error))
 
-    def iterator(self, loader: Any) -> Any:
+    def _ray_batches(self, loader: Any) -> Any:
         from gpufeed.offload.iterator import RayBatches
         if self.driver is None:
             self.start()

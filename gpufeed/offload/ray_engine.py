@@ -63,7 +63,7 @@ SESSION_DIR: str | None = None
 @contextmanager
 def _without_gpufeed_environment() -> Iterator[None]:
     """Only the variables it changes are touched, and put back (the probe's thread may read others)."""
-    bootstrap = os.path.join("measure", "inside", "bootstrap")
+    bootstrap = os.path.join("arming", "bootstrap")
     changed = {n: os.environ[n] for n in os.environ if n.startswith("GPUFEED_") or n == "PYTHONPATH"}
     for name in changed:
         del os.environ[name]

@@ -134,6 +134,11 @@ class LoaderConfig:
     sampler: str
     batch_sampler: str | None
     multiprocessing_context: str | None
+    # A script's own batch_sampler= (batch_size is then None): the sampler it draws from, its batch size.
+    inner_sampler: str | None = None
+    batch_sampler_size: int | None = None
+    loader_class: str | None = None    # DataLoader, or a subclass (module.Class): StatefulDataLoader...
+    iterator_class: str | None = None  # the iterator it made: torch's, torchdata's, gpufeed's RayBatches
     site: str | None = None   # file:line of the DataLoader(...) call; gpufeed tune targets it
     user_stack: tuple[str, ...] = ()   # the user's own frames above that call, file:line, innermost first
     user_function: str | None = None   # the function of the first of them (train_dataloader, main...)

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from tests.real.real_run import SCRIPTS, diagnose, own_samples_per_s
+from tests.real.real_run import SCRIPTS, diagnose, gpufeed, own_samples_per_s, run_env
 
 AXES = {
     "loader": ["dataloader", "stateful", "subclass", "accelerate"],
@@ -123,3 +123,22 @@ def test_shape_is_measured_or_said_not_measured(tmp_path, case):
     assert rate == pytest.approx(own, rel=tolerance(case, m["steps"]))
     if case["workers"]:  # every loader's workers time their batches (StatefulDataLoader's had none)
         assert m["fetch_ms_per_batch_p50"] is not None and m["worker_fetch_cpu_ratio"] is not None, m
+
+
+@pytest.mark.parametrize("loader", AXES["loader"])
+def test_tunes_settings_reach_every_loader_class(tmp_path, loader):
+    """The settings a trial overrides (``GPUFEED_LOADER_OVERRIDES``, as tune and ``run --config`` pass
+    them) reach the training loader of every class: torchdata's StatefulDataLoader re-implements
+    ``DataLoader.__init__`` and got none before. The record names the loader's and iterator's classes."""
+    case = dict(DEFAULT, loader=loader, workers=0, sampler="random", loop="one", epochs_of="long")
+    result = gpufeed(["diagnose", "--out", str(tmp_path / "run"), "--json", str(tmp_path / "diag.json"),
+                      "--steps", "12", "--warmup", "2", "--", *command(case)], cwd=tmp_path,
+                     env=dict(run_env(tmp_path / "own.jsonl"),
+                              GPUFEED_LOADER_OVERRIDES=json.dumps({"settings": {"num_workers": 2}})), timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    diag = json.loads((tmp_path / "diag.json").read_text())
+    (training,) = [lo for lo in diag["loaders"] if lo["training"]]
+    config = training["config"]
+    assert config["num_workers"] == 2, config
+    assert config["loader_class"].endswith({"stateful": "StatefulDataLoader"}.get(loader, "")), config
+    assert "MultiProcessing" in config["iterator_class"], config

@@ -1,16 +1,16 @@
 """Arming the probe in a process that ``gpufeed diagnose`` (or tune, batch-size, run) started: its
-configuration from the environment (``probe_config.ProbeConfig``), the torch patches, the exit hooks."""
+configuration from the environment (``probe_config.ProbeConfig``), the torch patches, the settings
+overridden, the exit hooks. What acts on the training loader beyond that (--autotune, --offload) is
+armed above this package, by ``gpufeed/arming``."""
 from __future__ import annotations
 
 import atexit
 
-from gpufeed.autotune import hook as autotune_hook
-from gpufeed.measure.inside import lifecycle, loop, overrides, patches
+from gpufeed.measure.inside import dataloader_hook, lifecycle, loop, overrides
 from gpufeed.measure.inside.hook import call_after_import
 from gpufeed.measure.inside.patches import active_probe, patch_torch
 from gpufeed.measure.inside.probe import Probe
 from gpufeed.measure.inside.probe_config import ProbeConfig
-from gpufeed.offload import hook as offload_hook
 
 
 def note_process(probe: Probe) -> None:
@@ -27,6 +27,13 @@ def _install_loop(probe: Probe) -> None:
         probe.warn(f"a training loop without a DataLoader is not measured: {type(error).__name__}: {error}")
 
 
+def arm(probe: Probe) -> None:
+    """The probe's hooks in this process: every DataLoader (where it is built, its iterators, batches
+    and workers). ``gpufeed.profile()`` arms its in-process probe with this too."""
+    note_process(probe)
+    patch_torch(probe)
+
+
 def install_from_env() -> Probe | None:
     """Called when torch.utils.data is imported in a process started by ``gpufeed diagnose``
     (measure), ``gpufeed tune`` (measure, with DataLoader settings overridden) or ``gpufeed run``
@@ -35,16 +42,14 @@ def install_from_env() -> Probe | None:
         return active_probe()
     config = ProbeConfig.from_env()
     loader_overrides = overrides.from_env()
-    autotune_hook.install_from_env(patches)  # --autotune: the training loader tunes itself (issue 16)
-    offload_hook.install_from_env()  # --offload: before the probe's own hooks, so they measure it (issue 18)
     if not config.run_dir:
         if loader_overrides is not None:
-            overrides.patch_dataloader_init(loader_overrides, report=None)
+            dataloader_hook.add(overrides.OverrideProvider(loader_overrides, report=None))
         return None
     probe = Probe.from_config(config)
-    note_process(probe)
-    patch_torch(probe)
-    overrides.patch_dataloader_init(loader_overrides, report=probe.event)
+    arm(probe)
+    if loader_overrides is not None:
+        dataloader_hook.add(overrides.OverrideProvider(loader_overrides, report=probe.event))
     # A loop that takes no batch from a DataLoader is stepped by its optimizer (loop.py): hooked once
     # torch.optim is imported, the last of what it hooks (torch imports its DataLoader before torch.nn).
     call_after_import("torch.optim.optimizer", lambda _module: _install_loop(probe))

@@ -9,6 +9,8 @@ import weakref
 from collections import deque
 from typing import Any
 
+from gpufeed.measure.inside.loader_tag import tag_of
+
 
 def count_samples(batch: Any) -> int | None:
     """Samples in a batch the dataset built itself (automatic batching off, ``batch_size=None``), by
@@ -263,9 +265,26 @@ def samples_of(state: Any, index: int, batch: Any) -> int | None:
     return samples
 
 
+def _class_name(value: Any) -> str:
+    cls = type(value)
+    return cls.__name__ if cls.__module__.startswith("torch.utils.data") else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _own_batch_sampler(loader: Any) -> dict[str, Any]:
+    """A script's own ``batch_sampler=``: torch then keeps ``batch_size`` None and a ``sampler`` it never
+    uses; the sampler the batch sampler draws from and its batch size are the ones that count."""
+    if loader.batch_size is not None or loader.batch_sampler is None:
+        return {}
+    inner = getattr(loader.batch_sampler, "sampler", None)
+    size = getattr(loader.batch_sampler, "batch_size", None)
+    return {"inner_sampler": None if inner is None else type(inner).__name__,
+            "batch_sampler_size": size if isinstance(size, int) else None}
+
+
 def loader_config(loader: Any) -> dict[str, Any]:
     dataset = loader.dataset
-    built = getattr(loader, "_gpufeed_built", None) or {}
+    noted = tag_of(loader)
+    built = noted.built if noted is not None else {}
     try:
         dataset_len = len(dataset)
     except Exception:  # no __len__, or one that raises (IterableDatasets often do)
@@ -287,8 +306,10 @@ def loader_config(loader: Any) -> dict[str, Any]:
         "iterable": isinstance(dataset, tud.IterableDataset),
         "sampler": type(loader.sampler).__name__,
         "batch_sampler": None if loader.batch_sampler is None else type(loader.batch_sampler).__name__,
+        **_own_batch_sampler(loader),
+        "loader_class": _class_name(loader),
         "multiprocessing_context": start_method,
-        "site": getattr(loader, "_gpufeed_site", None),
+        "site": noted.site if noted is not None else None,
         # Where the user's own code builds it, and the framework between (see roles.user_code).
         "user_stack": built.get("user_stack") or [],
         "user_function": built.get("user_function"),

@@ -1,8 +1,8 @@
 """DataLoader settings overridden at construction time, without editing the user's script.
 
 ``gpufeed tune``, ``gpufeed batch-size`` and ``gpufeed run --config`` pass settings to the command
-in ``GPUFEED_LOADER_OVERRIDES`` (JSON). ``DataLoader.__init__`` is wrapped: when a loader is built
-at the target *site* (the ``file:line`` of the user's ``DataLoader(...)`` call, which the run record
+in ``GPUFEED_LOADER_OVERRIDES`` (JSON). ``OverrideProvider`` sees every loader as it is built
+(``dataloader_hook.py``): when one is built at the target *site* (the ``file:line`` of the user's ``DataLoader(...)`` call, which the run record
 keeps for every loader), its keyword arguments are replaced before torch sees them. Loaders built
 elsewhere (a validation loader, say) are left alone. Without a site, every loader is overridden.
 
@@ -11,15 +11,14 @@ its settings were really used. Standard library only: this module runs inside th
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpufeed.measure.inside import knobs, roles
+from gpufeed.measure.inside import roles
+from gpufeed.measure.inside.dataloader_hook import Building, Provider
 from gpufeed.settings import LoaderSettings
 
 ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
@@ -115,52 +114,6 @@ def parse_json(text: str, where: str) -> Any:
         raise ValueError(f"{where} is not valid JSON ({error})") from None
 
 
-def call_site(skip_prefixes: tuple[str, ...], frame=None) -> str | None:
-    """``file:line`` of the first frame outside torch's data package and gpufeed: the ``DataLoader(...)`` call."""
-    frame = frame or sys._getframe(1)
-    while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(skip_prefixes):
-            return f"{portable_path(filename)}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-def _site_frame(skip_prefixes: tuple[str, ...], frame):
-    """The frame of the ``DataLoader(...)`` call that ``call_site`` names."""
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip_prefixes):
-        frame = frame.f_back
-    return frame
-
-
-def portable_path(filename: str) -> str:
-    """A file's name that holds on another machine, so a config file travels with the project:
-    an installed package's file relative to its site-packages (``accelerate/data_loader.py``),
-    else relative to the working directory when under it, else to the ``sys.path`` entry holding it."""
-    return _portable_path(filename, os.getcwd(), tuple(sys.path))
-
-
-@functools.lru_cache(maxsize=1024)
-def _portable_path(filename: str, cwd: str, search_path: tuple[str, ...]) -> str:
-    # Cached: every DataLoader built walks the stack's frames through here (a loader built each
-    # epoch paid ~90 µs for the path arithmetic alone).
-    filename = os.path.normpath(os.path.join(cwd, filename))
-    roots = sorted((os.path.normpath(os.path.join(cwd, p)) for p in search_path if p), key=len, reverse=True)
-    for root in roots:
-        if os.path.basename(root) in roles.PACKAGE_DIRS and filename.startswith(root + os.sep):
-            return os.path.relpath(filename, root)
-    try:
-        relative = os.path.relpath(filename, cwd)
-    except ValueError:
-        relative = ".."
-    if not relative.startswith(".."):
-        return relative
-    for root in roots:
-        if filename.startswith(root + os.sep):
-            return os.path.relpath(filename, root)
-    return filename
-
-
 class WorkerThreadCap:
     """A ``worker_init_fn`` that caps threads in each worker, then runs the user's own.
 
@@ -217,55 +170,31 @@ def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, A
     return out, refused
 
 
-def patch_dataloader_init(overrides: Overrides | None, report: Callable[..., None] | None) -> None:
-    """Wrap ``DataLoader.__init__`` (idempotent): note where each loader is built (its call site,
-    the user's frames above it, the framework between, the role its construction shows), and apply
-    ``overrides`` to the loader they are for.
+class OverrideProvider(Provider):
+    """Applies ``overrides`` to the loader they are for, as it is built (``dataloader_hook``).
 
-    ``report(kind, **fields)`` records each application of the overrides. Without it (``gpufeed
+    ``report(kind, **fields)`` records each application in the run record. Without it (``gpufeed
     run --config``), what was applied, or that nothing was, is said on stderr.
     """
-    from torch.utils.data import dataloader
-    import torch
 
-    init = dataloader.DataLoader.__init__
-    if getattr(init, "_gpufeed_original", None) is not None:
-        return
-    signature = inspect.signature(init)
-    # Frames to look past: torch itself, and gpufeed's instrumentation (not its demo script).
-    skip = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
-    applied = _Applied(overrides, report is None)
+    order = 10  # the settings first: what the other providers see is the loader as it will run
 
-    def __init__(self, *args, **kwargs):
-        frame = sys._getframe(1)
-        site = call_site(skip, frame)
-        user = roles.user_code(frame, skip, portable_path, self)
-        user["knobs"] = knobs.knob_sources(_site_frame(skip, frame))
-        found = roles.role_from_stack(frame)
-        built_as = found[0] if found else user.pop("origin_built_as", None)
-        user.pop("origin_built_as", None)
-        if overrides is not None and overrides.matches(site, user["user_stack"], built_as):
-            try:
-                bound = signature.bind(self, *args, **kwargs)
-            except TypeError:  # arguments torch refuses anyway: let torch say so, in its own words
-                bound = None
-            if bound is not None:
-                given = {k: v for k, v in bound.arguments.items() if k != "self"}
-                args, (kwargs, refused) = (), apply(given, overrides.settings)
-                applied.note(site, refused)
-                if report is not None:
-                    report("override", site=site, settings=overrides.settings.to_dict(), refused=refused)
-        elif overrides is not None:
-            applied.missed(site)
-        init(self, *args, **kwargs)
-        # DataLoader refuses only a few attributes after __init__; not these.
-        self._gpufeed_site = site
-        self._gpufeed_built = dict(user, built_as=built_as, site=site)
+    def __init__(self, overrides: Overrides, report: Callable[..., None] | None) -> None:
+        self.overrides, self.report = overrides, report
+        self.applied = _Applied(overrides, report is None)
 
-    __init__._gpufeed_original = init
-    __init__.__wrapped__ = init
-    dataloader.DataLoader.__init__ = __init__
+    def building(self, building: Building) -> dict[str, Any] | None:
+        if not self.overrides.matches(building.site, building.user_stack, building.built_as):
+            self.applied.missed(building.site)
+            return None
+        arguments, refused = apply(building.arguments, self.overrides.settings)
+        building.on_given.append(lambda: self._given(building.site, refused))
+        return arguments
+
+    def _given(self, site: str | None, refused: dict[str, str]) -> None:
+        self.applied.note(site, refused)
+        if self.report is not None:
+            self.report("override", site=site, settings=self.overrides.settings.to_dict(), refused=refused)
 
 
 class _Applied:
@@ -304,13 +233,6 @@ def _lead_process() -> bool:
     """Rank 0 (or no rank): one message for a job, not one per rank."""
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
     return rank in (None, "", "0")
-
-
-def unpatch_dataloader_init() -> None:
-    from torch.utils.data import dataloader
-    original = getattr(dataloader.DataLoader.__init__, "_gpufeed_original", None)
-    if original is not None:
-        dataloader.DataLoader.__init__ = original
 
 
 def from_env() -> Overrides | None:

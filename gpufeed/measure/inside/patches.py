@@ -3,7 +3,8 @@
 ``torch.utils.data`` is patched at class level, so every loader, every worker and every kind of
 batch is covered:
 
-- ``DataLoader._get_iterator``: an iterator is born (worker start-up begins); its configuration.
+- a new iterator of a DataLoader (``_Measure.made``, the probe's provider in ``dataloader_hook.py``,
+  the one module that patches ``DataLoader`` itself): worker start-up begins; its configuration.
 - ``_BaseDataLoaderIter.__init__``: the same for an iterator whose loader builds it without
   ``DataLoader._get_iterator`` (torchdata's ``StatefulDataLoader`` and other subclasses override
   it): every torch iterator runs this ``__init__``, whatever made it, and is measured from its first
@@ -29,8 +30,9 @@ import time
 import weakref
 from typing import Any, Callable
 
-from gpufeed.measure.inside import cuda, loop, overrides, roles
+from gpufeed.measure.inside import cuda, dataloader_hook, loop, roles
 from gpufeed.measure.inside.iterators import IteratorState, mark_done
+from gpufeed.measure.inside.loader_tag import tag, tag_of
 from gpufeed.measure.inside.loaders import (FROM_BATCH_SAMPLER, count_collated, count_indices, count_samples,
                                             describe_error, loader_config, plan_counting, samples_from, samples_of)
 from gpufeed.measure.inside.patching import patch, unpatch
@@ -69,24 +71,6 @@ def patch_torch(probe: Probe) -> None:
     base = dataloader._BaseDataLoaderIter
     base._gpufeed_state = None  # the hot path reads the attribute without a default
 
-    def make_get_iterator(original):
-        # DataLoader._get_iterator returns the iterator with its workers started: the moment to
-        # read their pids. Start-up time runs from here to the first batch.
-        def _get_iterator(self, *args, **kwargs):
-            t_created = _clock()
-            iterator = original(self, *args, **kwargs)
-            iterator.__dict__.pop("_gpufeed_born", None)  # registered here, not at its first next()
-            probe = _probe
-            if probe is not None:
-                try:
-                    register_iterator(probe, iterator, self, t_created)
-                except Exception as error:  # never break the user's loop
-                    probe.warn(f"a DataLoader is not measured: {describe_error(error)}")
-            # The one place a new DataLoader iterator is seen: a feature that acts on the training
-            # loader's iterator hooks in here (its state: iterator._gpufeed_state, if measured).
-            return iterator
-        return _get_iterator
-
     def make_reset(original):
         def _reset(self, loader, first_iter=False, *args, **kwargs):
             try:
@@ -107,7 +91,7 @@ def patch_torch(probe: Probe) -> None:
             original(self, loader, *args, **kwargs)
         return __init__
 
-    patch(dataloader.DataLoader, "_get_iterator", make_get_iterator)
+    dataloader_hook.add(_MEASURE)  # each new iterator of a DataLoader: _Measure.made
     patch(base, "__init__", make_iterator_init)
     patch(base, "_reset", make_reset)
     patch(base, "__next__", make_next)
@@ -121,7 +105,8 @@ def unpatch_torch() -> None:
     _probe = None
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch, worker
-    for cls, name in ((dataloader.DataLoader, "_get_iterator"), (dataloader._BaseDataLoaderIter, "__init__"),
+    dataloader_hook.uninstall()
+    for cls, name in ((dataloader._BaseDataLoaderIter, "__init__"),
                       (dataloader._BaseDataLoaderIter, "_reset"),
                       (dataloader._BaseDataLoaderIter, "__next__"), (worker.WorkerInfo, "__init__"),
                       (fetch._MapDatasetFetcher, "fetch"), (fetch._IterableDatasetFetcher, "fetch")):
@@ -129,28 +114,48 @@ def unpatch_torch() -> None:
     if "_gpufeed_state" in dataloader._BaseDataLoaderIter.__dict__:
         del dataloader._BaseDataLoaderIter._gpufeed_state
     cuda.unpatch_h2d()
-    overrides.unpatch_dataloader_init()
     loop.uninstall()
+
+
+class _Measure(dataloader_hook.Provider):
+    """The probe's part of the DataLoader hook: every new iterator, whoever made it, is measured."""
+
+    order = 90  # last: it measures the iterator a provider made in torch's place (--offload's)
+
+    def made(self, loader: Any, iterator: Any, t_created: float, role: tuple[str, str]) -> None:
+        iterator.__dict__.pop("_gpufeed_born", None)  # registered here, not at its first next()
+        probe = _probe
+        if probe is None:
+            return
+        try:
+            register_iterator(probe, iterator, loader, t_created, role=role)
+        except Exception as error:  # never break the user's loop
+            probe.warn(f"a DataLoader is not measured: {describe_error(error)}")
+
+
+_MEASURE = _Measure()
 
 
 # -- a new iterator ---------------------------------------------------------------------------------------
 def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float,
-                      caller: Any = None) -> None:
+                      role: tuple[str, str] | None = None, caller: Any = None) -> None:
     """Measure a new DataLoader iterator: its state on the iterator, its ``iterator`` event.
 
-    ``caller``: the frame of whoever called ``iter(loader)`` (by default two frames up: above this
-    function and ``_get_iterator``)."""
+    ``role``: (role, why) as ``dataloader_hook`` decided it at ``iter(loader)``; else read from ``caller``,
+    the frame of the loop that takes the iterator's first batch (an adopted iterator)."""
     probe.ensure_this_process()
-    loader_id = getattr(loader, "_gpufeed_loader_id", None)
+    noted = tag_of(loader)
+    loader_id = noted.loader_id if noted is not None else None
     if loader_id is None:
         loader_id = next(_loader_ids)
         try:
-            loader._gpufeed_loader_id = loader_id
+            tag(loader).loader_id = loader_id
         except Exception:
             pass  # a loader that refuses attributes gets a new id per iterator: never a reused one
     try:
-        built = getattr(loader, "_gpufeed_built", None) or {}
-        role, why = roles.iterator_role(caller or sys._getframe(2), built.get("built_as"))
+        if role is None:
+            role = roles.iterator_role(caller or sys._getframe(2), noted.built_as if noted is not None else None)
+        role, why = role
         worker_pids = [w.pid for w in getattr(iterator, "_workers", [])]
         state = probe.new_iterator(worker_pids)
         # A training loader's iterator: its steps count towards --steps and a trial's length
@@ -164,6 +169,7 @@ def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float
         in_use = probe.cuda_in_use()  # looked at for every new iterator (and every CUDA_CHECK_EVERY steps)
         state.detailed = state.detailed or in_use
         config = loader_config(loader)
+        config["iterator_class"] = type(iterator).__name__  # torch's, torchdata's, RayBatches...
         offload = getattr(iterator, "_gpufeed_offload", None)  # its batches made on Ray (gpufeed/offload/hook.py)
         if offload is not None:
             config["offload"] = offload

@@ -15,10 +15,13 @@ def patch(cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
         return  # already patched
     wrapper = make(current)
     wrapper._gpufeed_original = current
+    if not isinstance(wrapper, classmethod):  # a classmethod's __wrapped__ is its function, read-only
+        wrapper.__wrapped__ = current  # inspect.signature reads the original's parameters
     # Tensor.to lives on a C base class: restoring means deleting our override, not setting it back.
     wrapper._gpufeed_inherited = name not in cls.__dict__
-    wrapper.__name__ = getattr(current, "__name__", name)
-    wrapper.__doc__ = current.__doc__
+    if not isinstance(wrapper, classmethod):
+        wrapper.__name__ = getattr(current, "__name__", name)
+        wrapper.__doc__ = current.__doc__
     setattr(cls, name, wrapper)
 
 

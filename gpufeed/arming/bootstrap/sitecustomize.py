@@ -16,7 +16,7 @@ def _arm_gpufeed() -> None:
             sys.path.append(parent)
     try:
         from gpufeed.measure.inside.hook import call_after_import
-        from gpufeed.measure.inside.install import install_from_env
+        from gpufeed.arming import install_from_env
     except Exception as error:  # never break the user's program because gpufeed could not load
         sys.stderr.write(f"gpufeed: instrumentation not loaded in {sys.executable}: {error}\n")
         return
