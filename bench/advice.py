@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ROOT / "tests" / "real" / "scripts"
 WORKLOADS = ROOT / "tests" / "workloads"
-CONFIG_FORMAT = "gpufeed.loader-settings/1"
+from gpufeed.settings import CONFIG_FORMAT  # noqa: E402
 
 
 def _epochs_rate(out: str, batch_samples: int | None = None) -> float | None:

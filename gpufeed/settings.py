@@ -1,5 +1,12 @@
-"""The DataLoader settings gpufeed can override: the one vocabulary of tune, batch-size, the
-overrides applied inside the training process, ``gpufeed run --config`` and the report.
+"""The settings gpufeed hands a training process, and their one codec.
+
+``LoaderSettings`` (the DataLoader knobs) and ``PipelineSettings`` (tf.data's) are the one
+vocabulary of tune, batch-size, the overrides applied inside the training process, ``gpufeed run
+--config`` and the report. What the runner hands the training process rides in one environment
+variable per kind, JSON each, written by ``env_of`` and read by ``read_env``: ``Overrides`` (the
+DataLoader settings and the loader they are for), ``AutotuneSettings`` (``--autotune``) and
+``OffloadSettings`` (``--offload``). The probe's own settings are ``ProbeConfig``'s
+(``measure/inside/probe_config.py``).
 
 At the bottom of the package (it imports nothing of gpufeed), so every layer may use it; standard
 library only, because the probe imports it inside the user's process.
@@ -7,8 +14,54 @@ library only, because the probe imports it inside the user's process.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, ClassVar, Mapping, Protocol, TypeVar
+
+# The environment variables that carry each kind of settings to the training process.
+ENV_LOADER_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
+ENV_AUTOTUNE = "GPUFEED_AUTOTUNE"  # "1", or a JSON object of AutotuneSettings ({"period_s": 2})
+ENV_OFFLOAD = "GPUFEED_OFFLOAD"
+CONFIG_FORMAT = "gpufeed.loader-settings/1"  # the format of best-config.json (gpufeed tune) and --config files
+# A DataLoader's roles (measure/inside/roles.py tells them apart).
+TRAIN = "train"
+EVAL = "eval"
+# --offload's engines, and what installs them.
+ENGINES = ("ray",)
+INSTALL_HINT = "pip install 'gpufeed[ray]'"
+
+
+class Carried(Protocol):
+    """Settings carried in one environment variable (``ENV``) as JSON."""
+
+    ENV: ClassVar[str]
+
+    def to_json(self) -> str: ...
+
+
+_C = TypeVar("_C")
+
+
+def env_of(settings: Carried) -> dict[str, str]:
+    """The environment that carries ``settings`` to the command."""
+    return {settings.ENV: settings.to_json()}
+
+
+def read_env(cls: type[_C], environ: Mapping[str, str] | None = None) -> _C | None:
+    """The settings of kind ``cls`` in the environment; None when unset. ``ValueError`` names the variable."""
+    text = (os.environ if environ is None else environ).get(cls.ENV)  # type: ignore[attr-defined]
+    if not text or not text.strip():
+        return None
+    return cls.from_json(text, cls.ENV)  # type: ignore[attr-defined]
+
+
+def parse_json(text: str, where: str) -> Any:
+    """A settings file's JSON; ValueError saying where it is not valid."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is not valid JSON ({error})") from None
 
 
 def random_stream_note(workers_before: int | None, workers_after: int | None) -> str | None:
@@ -163,3 +216,156 @@ class PipelineSettings:
     def label_beside_workers(self) -> str:
         """The settings other than num_parallel_calls (the report's axis), naming a line of trials."""
         return dataclasses.replace(self, parallel_calls=None).label().replace("as is", "the script's own")
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Settings for the loader(s) built at ``site`` (every loader when ``site`` is None).
+
+    Where the training loader shares its ``site`` with another loader (a framework builds both at
+    one line; a helper builds both), ``stack`` (the user's frames, innermost first) or ``role``
+    (``"train"``: not a loader built as an evaluation one) tells it apart.
+    """
+
+    settings: LoaderSettings
+    site: str | None = None
+    stack: tuple[str, ...] | None = None
+    role: str | None = None
+
+    framework = "pytorch"
+    ENV: ClassVar[str] = ENV_LOADER_OVERRIDES
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that carries these settings to the command."""
+        return env_of(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {"format": CONFIG_FORMAT, "site": self.site, "settings": self.settings.to_dict()}
+        if self.stack is not None:
+            data["stack"] = list(self.stack)
+        if self.role is not None:
+            data["role"] = self.role
+        return data
+
+    def matches(self, site: str | None, stack: list[str], built_as: str | None) -> bool:
+        """Whether the loader being built at ``site`` is the one these settings are for."""
+        if self.site is not None and site != self.site:
+            return False
+        if self.stack is not None and tuple(stack) != self.stack:
+            return False
+        return self.role is None or built_as is None or built_as == self.role
+
+    def target(self) -> str:
+        """The loader these settings are for, in words."""
+        if self.site is None:
+            return "every DataLoader"
+        which = " (the training one)" if self.role == TRAIN else ""
+        called = f", called from {self.stack[0]}" if self.stack else ""
+        return f"the DataLoader built at {self.site}{called}{which}"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = "the config") -> "Overrides":
+        data = parse_json(text, where)
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} must be a JSON object")
+        unknown = set(data) - {"format", "framework", "site", "stack", "role", "settings", "samples_per_s",
+                               "speedup", "command", "note"}
+        if unknown:
+            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, stack, role, settings)")
+        if data.get("framework", "pytorch") != "pytorch":
+            raise ValueError(f"{where} is for framework {data.get('framework')!r}; known: 'pytorch' (a DataLoader's "
+                             "settings), 'tensorflow' (a tf.data pipeline's)")
+        if data.get("format", CONFIG_FORMAT) != CONFIG_FORMAT:
+            raise ValueError(f"{where} has format {data.get('format')!r}; this gpufeed reads {CONFIG_FORMAT!r}")
+        site = data.get("site")
+        if site is not None and not isinstance(site, str):
+            raise ValueError(f"site in {where} must be a string like 'train.py:42' or null")
+        stack = data.get("stack")
+        if stack is not None and not (isinstance(stack, list) and all(isinstance(f, str) for f in stack)):
+            raise ValueError(f"stack in {where} must be a list of 'file:line' strings")
+        role = data.get("role")
+        if role not in (None, TRAIN, EVAL):
+            raise ValueError(f"role in {where} must be {TRAIN!r}, {EVAL!r} or null")
+        return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site,
+                   None if stack is None else tuple(stack), role)
+
+
+@dataclass(frozen=True)
+class AutotuneSettings:
+    """``--autotune``'s options for the controller in the training process (``autotune/controller.py``);
+    None leaves its default."""
+
+    ENV: ClassVar[str] = ENV_AUTOTUNE
+
+    period_s: float | None = None
+    min_batches: int | None = None
+    max_workers: int | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The controller's keyword options that are set."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def to_json(self) -> str:
+        return json.dumps(self.options()) if self.options() else "1"
+
+    @classmethod
+    def from_json(cls, text: str, where: str = ENV_AUTOTUNE) -> "AutotuneSettings | None":
+        """``1``: on with the defaults; ``0``: off (None); else a JSON object of the options."""
+        text = text.strip()
+        if text == "0":
+            return None
+        if text == "1":
+            return cls()
+        data = parse_json(text, where)
+        known = [f.name for f in fields(cls)]
+        if not isinstance(data, dict) or set(data) - set(known):
+            raise ValueError(f"{where}: known options: {', '.join(known)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class OffloadSettings:
+    """Offload the training DataLoader's batches to ``engine``.
+
+    ``address``: the cluster to join (``ray.init(address=...)``: ``auto``, ``HOST:PORT`` of a node of
+    it, or ``ray://HOST:PORT`` for Ray Client); None starts a local Ray for the run (the embedded
+    default). ``workers``: Ray workers making batches (default: one per CPU of the cluster).
+    ``lost_after_s``: with every Ray worker lost, how long to wait for one before going on locally.
+    """
+
+    ENV: ClassVar[str] = ENV_OFFLOAD
+
+    engine: str = "ray"
+    address: str | None = None
+    workers: int | None = None
+    lost_after_s: float | None = None  # default th.OFFLOAD_LOST_AFTER_S; tests shorten it
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    def to_env(self) -> dict[str, str]:
+        return env_of(self)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "OffloadSettings | None":
+        """The settings in the environment; None when there are none. Raises ``ValueError``."""
+        return read_env(cls, environ)
+
+    @classmethod
+    def from_json(cls, text: str, where: str = ENV_OFFLOAD) -> "OffloadSettings":
+        data = parse_json(text, where)
+        if not isinstance(data, dict) or set(data) - {"engine", "address", "workers", "lost_after_s"}:
+            raise ValueError(f"{ENV_OFFLOAD} must be a JSON object with engine, address and workers")
+        settings = cls(**data)
+        if settings.engine not in ENGINES:
+            raise ValueError(f"unknown offload engine {settings.engine!r} (known: {', '.join(ENGINES)})")
+        if settings.workers is not None and (type(settings.workers) is not int or settings.workers < 1):
+            raise ValueError(f"{ENV_OFFLOAD}: workers must be a positive whole number, got {settings.workers!r}")
+        return settings
+
+    def where(self) -> str:
+        """The cluster, in words."""
+        return f"the Ray cluster at {self.address}" if self.address else "a local Ray started for this run"

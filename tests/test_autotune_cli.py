@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpufeed.analysis import analyze
-from gpufeed.autotune.hook import ENV_AUTOTUNE
+from gpufeed.settings import ENV_AUTOTUNE
 from gpufeed.record.reader import load_run
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
 from tests.test_report import assert_settings_drawn, browser  # noqa: F401 (the fixture)

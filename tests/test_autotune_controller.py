@@ -16,7 +16,7 @@ from gpufeed.autotune.hook import describe
 from gpufeed.autotune.memory import HostMemory, batch_bytes
 from gpufeed.autotune.model import live_what_if
 from gpufeed.autotune.switching import normalized
-from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.settings import LoaderSettings
 
 GiB = 2 ** 30
 

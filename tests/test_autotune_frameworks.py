@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufeed.autotune.hook import ENV_AUTOTUNE
+from gpufeed.settings import ENV_AUTOTUNE
 from gpufeed.record.reader import load_run
 from tests import needs
 from tests.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed

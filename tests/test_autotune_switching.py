@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
 
 from gpufeed.autotune.switching import SwitchingLoader, normalized, worker_died
-from gpufeed.measure.inside.overrides import LoaderSettings
+from gpufeed.settings import LoaderSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234

@@ -8,8 +8,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpufeed.measure.inside import dataloader_hook
 from gpufeed.measure.inside.loader_tag import tag_of
-from gpufeed.measure.inside.overrides import OverrideProvider, Overrides
-from gpufeed.settings import LoaderSettings
+from gpufeed.measure.inside.overrides import OverrideProvider
+from gpufeed.settings import LoaderSettings, Overrides
 
 DATA = TensorDataset(torch.arange(32.0).unsqueeze(1))
 

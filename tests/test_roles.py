@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import gpufeed
 from gpufeed.measure.inside import roles
-from gpufeed.measure.inside.overrides import Overrides
+from gpufeed.settings import Overrides
 from gpufeed.measure.inside.roles import portable_path
 from gpufeed.settings import LoaderSettings
 from tests.test_probe import Squares

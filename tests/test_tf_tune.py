@@ -226,7 +226,7 @@ def test_tune_json_and_best_config_say_tensorflow_and_read_back():
 
 def test_run_config_reads_either_framework_from_the_file(tmp_path):
     from gpufeed.cli.running import _read_config
-    from gpufeed.measure.inside.overrides import Overrides
+    from gpufeed.settings import Overrides
     path = tmp_path / "best-config.json"
     path.write_text(json.dumps({"framework": "tensorflow", "site": "t.py:40", "stages": ["t.py:39"],
                                 "settings": {"parallel_calls": 8}}))

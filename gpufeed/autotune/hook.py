@@ -11,42 +11,21 @@ one line each, under ``run`` (which keeps no record).
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 from typing import Any
 
 from gpufeed.measure.inside import patches, roles
 from gpufeed.measure.inside.dataloader_hook import Provider
 from gpufeed.measure.inside.loader_tag import LoaderTag
-
-ENV_AUTOTUNE = "GPUFEED_AUTOTUNE"  # "1", or a JSON object of Controller options ({"period_s": 2})
-OPTIONS = ("period_s", "min_batches", "max_workers")
-
-def options_from_env() -> dict[str, Any] | None:
-    """The options in ``GPUFEED_AUTOTUNE``; None when autotune is off. A bad value is said once."""
-    text = os.environ.get(ENV_AUTOTUNE)
-    if not text or text == "0":
-        return None
-    if text == "1":
-        return {}
-    try:
-        options = json.loads(text)
-        if not isinstance(options, dict) or set(options) - set(OPTIONS):
-            raise ValueError(f"known options: {', '.join(OPTIONS)}")
-    except ValueError as error:
-        sys.stderr.write(f"gpufeed: autotune is off: {ENV_AUTOTUNE} is not valid ({error}).\n")
-        return None
-    return options
-
+from gpufeed.settings import ENV_AUTOTUNE, AutotuneSettings, read_env
 
 class AutotuneProvider(Provider):
     """The first loader iterated as a training one is iterated through a ``SwitchingLoader``."""
 
     order = 30  # after the settings are applied, before an iterator is made (offload's, the probe's)
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.options = options
+    def __init__(self, settings: AutotuneSettings) -> None:
+        self.options = settings.options()
         self.taken = False  # one training loader per process is tuned: the first one
 
     def iterable(self, loader: Any, tag: LoaderTag, role: str) -> Any:
@@ -65,9 +44,13 @@ class AutotuneProvider(Provider):
 
 
 def provider_from_env() -> AutotuneProvider | None:
-    """The provider ``GPUFEED_AUTOTUNE`` asks for, or None."""
-    options = options_from_env()
-    return None if options is None else AutotuneProvider(options)
+    """The provider ``GPUFEED_AUTOTUNE`` asks for, or None. A bad value is said once: autotune is off."""
+    try:
+        settings = read_env(AutotuneSettings)
+    except (ValueError, TypeError) as error:
+        sys.stderr.write(f"gpufeed: autotune is off: {ENV_AUTOTUNE} is not valid ({error}).\n")
+        return None
+    return None if settings is None else AutotuneProvider(settings)
 
 
 def _log(kind: str, **fields: Any) -> None:

@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterator, Protocol
 from gpufeed import thresholds as th
 from gpufeed.measure.inside import dataloader_hook
 from gpufeed.measure.inside.loader_tag import tag, tag_of
-from gpufeed.measure.inside.overrides import LoaderSettings, apply
+from gpufeed.measure.inside.overrides import apply
+from gpufeed.settings import LoaderSettings
 
 # Spreads derived worker seeds apart (the 64-bit golden-ratio constant); any odd constant would do.
 _SEED_STEP = 0x9E3779B97F4A7C15

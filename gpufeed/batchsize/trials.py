@@ -16,7 +16,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis import analyze_record
 from gpufeed.batchsize.result import FAILED, OK, OOM, BatchTrial
 from gpufeed.batchsize.search import NothingFits
-from gpufeed.measure.inside.overrides import Overrides
+from gpufeed.settings import Overrides
 from gpufeed.record import schema
 from gpufeed.record.reader import RunRecord
 from gpufeed.settings import LoaderSettings

@@ -233,7 +233,7 @@ def _loader_env(args: argparse.Namespace) -> dict[str, str]:
     replaces the training loader's iterator). ValueError: the offload options cannot be met."""
     import os
 
-    from gpufeed.autotune.hook import ENV_AUTOTUNE
+    from gpufeed.settings import ENV_AUTOTUNE
     from gpufeed.offload.options import settings_from as offload_settings
     offload = offload_settings(args)
     autotune = getattr(args, "autotune", False)

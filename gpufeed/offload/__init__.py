@@ -11,6 +11,6 @@
 - ``sizing``: how many cores the GPU needs, from a diagnosed run.
 """
 from gpufeed.offload.errors import OffloadError
-from gpufeed.offload.settings import ENV_OFFLOAD, OffloadSettings
+from gpufeed.settings import ENV_OFFLOAD, OffloadSettings
 
 __all__ = ["ENV_OFFLOAD", "OffloadError", "OffloadSettings"]

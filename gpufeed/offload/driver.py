@@ -40,7 +40,7 @@ from typing import Any, Callable
 from gpufeed import thresholds as th
 from gpufeed.offload.errors import OffloadError
 from gpufeed.offload.feeder import ENDED, ClusterLost, Feeder
-from gpufeed.offload.settings import OffloadSettings
+from gpufeed.settings import OffloadSettings
 
 # How often a wait for the driver checks that it still runs (torch checks its workers every 5 s;
 # a lost driver is found sooner here, at no cost: the wait is a queue's).

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpufeed.measure.inside import dataloader_hook, roles
 from gpufeed.offload.errors import OffloadError
-from gpufeed.offload.settings import OffloadSettings
+from gpufeed.settings import OffloadSettings
 
 EXIT_OFFLOAD_FAILED = 3  # the training could not start on the cluster asked for
 

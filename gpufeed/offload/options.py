@@ -6,7 +6,7 @@ import argparse
 import importlib.util
 import socket
 
-from gpufeed.offload.settings import ENGINES, INSTALL_HINT, OffloadSettings
+from gpufeed.settings import ENGINES, INSTALL_HINT, OffloadSettings
 
 CONNECT_TIMEOUT_S = 5.0  # a TCP connect to the cluster's address before the command starts
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 from gpufeed import thresholds as th
 from gpufeed.offload import remote
 from gpufeed.offload.errors import OffloadError
-from gpufeed.offload.settings import INSTALL_HINT, OffloadSettings
+from gpufeed.settings import INSTALL_HINT, OffloadSettings
 
 
 def import_ray() -> Any:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpufeed.analysis import analyze_record
-from gpufeed.measure.inside.overrides import Overrides
+from gpufeed.settings import Overrides
 from gpufeed.measure.inside.tf_overrides import PipelineOverrides
 from gpufeed.measure.runner import RunOptions, run_command
 from gpufeed.record import schema

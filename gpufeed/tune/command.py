@@ -16,7 +16,7 @@ from typing import Callable
 from gpufeed.analysis.findings import Diagnosis
 from gpufeed.analysis.metrics import LoaderSummary
 from gpufeed.analysis.rules import keras_wrapped
-from gpufeed.measure.inside.overrides import Overrides
+from gpufeed.settings import Overrides
 from gpufeed.measure.outside.cpus import usable_cpus
 from gpufeed.record import schema
 from gpufeed.record.reader import load_run

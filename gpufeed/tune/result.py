@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gpufeed.measure.inside.overrides import CONFIG_FORMAT
+from gpufeed.settings import CONFIG_FORMAT
 from gpufeed.measure.inside.tf_overrides import TUNABLE_OPS
 from gpufeed.settings import AUTOTUNE, LoaderSettings, PipelineSettings
 from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK

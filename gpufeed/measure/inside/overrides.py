@@ -11,107 +11,20 @@ its settings were really used. Standard library only: this module runs inside th
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from gpufeed.measure.inside import roles
 from gpufeed.measure.inside.dataloader_hook import Building, Provider
-from gpufeed.settings import LoaderSettings
+from gpufeed.settings import LoaderSettings, Overrides, read_env
 
-ENV_OVERRIDES = "GPUFEED_LOADER_OVERRIDES"
 # DataLoader keywords torch refuses with num_workers=0 (torch 2.x DataLoader.__init__ and
 # _SingleProcessDataLoaderIter), at the values it accepts there.
 WITHOUT_WORKERS = {"prefetch_factor": None, "persistent_workers": False, "multiprocessing_context": None,
                    "timeout": 0}
-CONFIG_FORMAT = "gpufeed.loader-settings/1"
 # Thread-pool variables read by OpenMP, MKL, OpenBLAS and friends when a library starts its pool.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
                    "VECLIB_MAXIMUM_THREADS")
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """Settings for the loader(s) built at ``site`` (every loader when ``site`` is None).
-
-    Where the training loader shares its ``site`` with another loader (a framework builds both at
-    one line; a helper builds both), ``stack`` (the user's frames, innermost first) or ``role``
-    (``"train"``: not a loader built as an evaluation one) tells it apart.
-    """
-
-    settings: LoaderSettings
-    site: str | None = None
-    stack: tuple[str, ...] | None = None
-    role: str | None = None
-
-    framework = "pytorch"
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    def to_env(self) -> dict[str, str]:
-        """The environment that carries these settings to the command."""
-        return {ENV_OVERRIDES: self.to_json()}
-
-    def to_dict(self) -> dict[str, Any]:
-        data = {"format": CONFIG_FORMAT, "site": self.site, "settings": self.settings.to_dict()}
-        if self.stack is not None:
-            data["stack"] = list(self.stack)
-        if self.role is not None:
-            data["role"] = self.role
-        return data
-
-    def matches(self, site: str | None, stack: list[str], built_as: str | None) -> bool:
-        """Whether the loader being built at ``site`` is the one these settings are for."""
-        if self.site is not None and site != self.site:
-            return False
-        if self.stack is not None and tuple(stack) != self.stack:
-            return False
-        return self.role is None or built_as is None or built_as == self.role
-
-    def target(self) -> str:
-        """The loader these settings are for, in words."""
-        if self.site is None:
-            return "every DataLoader"
-        which = " (the training one)" if self.role == roles.TRAIN else ""
-        called = f", called from {self.stack[0]}" if self.stack else ""
-        return f"the DataLoader built at {self.site}{called}{which}"
-
-    @classmethod
-    def from_json(cls, text: str, where: str = "the config") -> "Overrides":
-        data = parse_json(text, where)
-        if not isinstance(data, dict):
-            raise ValueError(f"{where} must be a JSON object")
-        unknown = set(data) - {"format", "framework", "site", "stack", "role", "settings", "samples_per_s",
-                               "speedup", "command", "note"}
-        if unknown:
-            raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, stack, role, settings)")
-        if data.get("framework", "pytorch") != "pytorch":
-            raise ValueError(f"{where} is for framework {data.get('framework')!r}; known: 'pytorch' (a DataLoader's "
-                             "settings), 'tensorflow' (a tf.data pipeline's)")
-        if data.get("format", CONFIG_FORMAT) != CONFIG_FORMAT:
-            raise ValueError(f"{where} has format {data.get('format')!r}; this gpufeed reads {CONFIG_FORMAT!r}")
-        site = data.get("site")
-        if site is not None and not isinstance(site, str):
-            raise ValueError(f"site in {where} must be a string like 'train.py:42' or null")
-        stack = data.get("stack")
-        if stack is not None and not (isinstance(stack, list) and all(isinstance(f, str) for f in stack)):
-            raise ValueError(f"stack in {where} must be a list of 'file:line' strings")
-        role = data.get("role")
-        if role not in (None, roles.TRAIN, roles.EVAL):
-            raise ValueError(f"role in {where} must be {roles.TRAIN!r}, {roles.EVAL!r} or null")
-        return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site,
-                   None if stack is None else tuple(stack), role)
-
-
-def parse_json(text: str, where: str) -> Any:
-    """A settings file's JSON; ValueError saying where it is not valid."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where} is not valid JSON ({error})") from None
 
 
 class WorkerThreadCap:
@@ -236,11 +149,8 @@ def _lead_process() -> bool:
 
 
 def from_env() -> Overrides | None:
-    text = os.environ.get(ENV_OVERRIDES)
-    if not text:
-        return None
     try:
-        return Overrides.from_json(text, ENV_OVERRIDES)
+        return read_env(Overrides)
     except ValueError as error:
         sys.stderr.write(f"gpufeed: DataLoader settings not applied: {error}\n")
         return None

@@ -24,9 +24,8 @@ from types import FrameType
 from typing import Callable
 
 from gpufeed.measure.inside.loader_tag import tag_of
+from gpufeed.settings import EVAL, TRAIN  # the role names every layer shares
 
-TRAIN = "train"
-EVAL = "eval"
 
 # Function names that say what a frame is doing, whoever wrote it (innermost match wins).
 FUNCTION_ROLES = {

@@ -29,10 +29,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gpufeed.measure.inside.overrides import parse_json
 from gpufeed.measure.inside.roles import call_site
 from gpufeed.measure.inside.probe_config import ProbeConfig
-from gpufeed.settings import AUTOTUNE, PipelineSettings
+from gpufeed.settings import AUTOTUNE, PipelineSettings, parse_json
 
 CONFIG_FORMAT = "gpufeed.pipeline-settings/1"
 FRAMEWORK = "tensorflow"

@@ -1,0 +1,43 @@
+"""The one codec that carries settings from the runner to the training process (``gpufeed/settings.py``)."""
+from __future__ import annotations
+
+import pytest
+
+from gpufeed.settings import (ENV_AUTOTUNE, ENV_LOADER_OVERRIDES, ENV_OFFLOAD, AutotuneSettings, LoaderSettings,
+                              OffloadSettings, Overrides, env_of, read_env)
+
+
+@pytest.mark.parametrize("settings", [
+    Overrides(LoaderSettings(num_workers=3, persistent_workers=True), site="train.py:12", stack=("train.py:40",),
+              role="train"),
+    AutotuneSettings(period_s=2.0, max_workers=8),
+    OffloadSettings(address="127.0.0.1:6379", workers=4),
+])
+def test_every_kind_round_trips_through_its_one_variable(settings):
+    env = env_of(settings)
+    assert list(env) == [type(settings).ENV]
+    assert read_env(type(settings), env) == settings
+    assert read_env(type(settings), {}) is None
+
+
+def test_the_variables_are_the_documented_ones():
+    assert (Overrides.ENV, AutotuneSettings.ENV, OffloadSettings.ENV) == (
+        "GPUFEED_LOADER_OVERRIDES", "GPUFEED_AUTOTUNE", "GPUFEED_OFFLOAD") == (
+        ENV_LOADER_OVERRIDES, ENV_AUTOTUNE, ENV_OFFLOAD)
+
+
+def test_autotune_on_off_and_options():
+    assert read_env(AutotuneSettings, {ENV_AUTOTUNE: "1"}) == AutotuneSettings()
+    assert read_env(AutotuneSettings, {ENV_AUTOTUNE: "0"}) is None
+    assert env_of(AutotuneSettings()) == {ENV_AUTOTUNE: "1"}
+    assert read_env(AutotuneSettings, {ENV_AUTOTUNE: '{"period_s": 1.5}'}).options() == {"period_s": 1.5}
+
+
+@pytest.mark.parametrize("cls, text, said", [
+    (Overrides, "{not json", "GPUFEED_LOADER_OVERRIDES is not valid JSON"),
+    (AutotuneSettings, '{"speed": 2}', "GPUFEED_AUTOTUNE: known options: period_s, min_batches, max_workers"),
+    (OffloadSettings, "[1]", "GPUFEED_OFFLOAD must be a JSON object"),
+])
+def test_a_bad_value_names_its_variable(cls, text, said):
+    with pytest.raises(ValueError, match=said):
+        read_env(cls, {cls.ENV: text})
