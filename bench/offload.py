@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpufeed.offload import local_cluster  # noqa: E402
+from tests import local_cluster  # noqa: E402
 
 TRAIN_CORE, RAY_CORE = 0, 1
 BATCH = 32

@@ -412,7 +412,7 @@ OFFLOAD_RECORD_EVERY = 64
 OFFLOAD_DRIVER_CLOSE_S = 15.0
 
 
-# -- Advice in proportion (``analysis/selfcheck.py``, ``offload/sizing.py``) -----------------------------
+# -- Advice in proportion (``analysis/selfcheck.py``, ``analysis/offload_sizing.py``) -----------------------------
 # Offloading to a Ray cluster is advised only when the step alone (the what-if ceiling) is at least this
 # many times what the best local setting reaches: a cluster brings nodes to pay for, a network hop and
 # serialisation per batch (docs/offload.md), which a gain of a few tens of percent rarely repays; a

@@ -122,7 +122,7 @@ def _metrics(**kw):
 
 
 def test_cores_needed_from_the_what_if_model_first():
-    from gpufeed.offload.sizing import FROM_MODEL, cores_needed
+    from gpufeed.analysis.offload_sizing import FROM_MODEL, cores_needed
     best = SimpleNamespace(samples_per_s=100.0, high=112.0)  # the best local setting, with its range
     model = SimpleNamespace(cannot_predict=None, cores_for_ceiling=9, best=best, ceiling_samples_per_s=800.0)
     needed = cores_needed(_metrics(), model, ["python", "t.py"])
@@ -137,7 +137,7 @@ def test_cores_needed_from_the_what_if_model_first():
 
 
 def test_cores_needed_from_cpu_per_sample_and_step_time_without_the_model():
-    from gpufeed.offload.sizing import FROM_RATES, cores_needed
+    from gpufeed.analysis.offload_sizing import FROM_RATES, cores_needed
     # 2 cores make 100 samples/s: 20 ms of CPU a sample; the step takes 32 samples in 40 ms: 800
     # samples/s, so 16 cores.
     needed = cores_needed(_metrics(), SimpleNamespace(cannot_predict="too few steps"), ["python", "t.py"])

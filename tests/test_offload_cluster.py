@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from gpufeed.measure.runner import bootstrap_env
-from gpufeed.offload import OffloadSettings, local_cluster
+from gpufeed.offload import OffloadSettings
+from tests import local_cluster
 from tests import needs
 
 SCRIPT = Path(__file__).parent / "workloads" / "offload" / "train.py"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 from gpufeed.measure.outside.ray_logs import ray_ending
-from gpufeed.offload import local_cluster
+from tests import local_cluster
 from gpufeed.record import schema
 from tests import needs
 from tests.test_cli import assert_nothing_left_running

@@ -306,7 +306,7 @@ def test_cpu_saturated_sizes_the_cores_from_the_what_if_model_it_is_given(tmp_pa
     from gpufeed.analysis import ranks, rules
     from gpufeed.analysis.metrics import loader_summaries
     from gpufeed.analysis.rules.loader import cpu_saturated
-    from gpufeed.offload.sizing import FROM_MODEL, FROM_RATES
+    from gpufeed.analysis.offload_sizing import FROM_MODEL, FROM_RATES
     from gpufeed.record.reader import load_run
     record = load_run(write_run(tmp_path / "run", SATURATED))
     metrics, training = ranks.job_metrics(record, loader_summaries(record))

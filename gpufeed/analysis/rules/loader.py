@@ -11,7 +11,7 @@ from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, inp
                                           worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
                                             wait_evidence, wait_sentence)
-from gpufeed.offload.sizing import cores_needed
+from gpufeed.analysis.offload_sizing import cores_needed
 from gpufeed.units import fmt
 
 

@@ -13,9 +13,13 @@ from __future__ import annotations
 import math
 import shlex
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpufeed import thresholds as th
+
+if TYPE_CHECKING:  # types only: the what-if model is computed before the rules that call this
+    from gpufeed.analysis.metrics import Metrics
+    from gpufeed.analysis.whatif import WhatIf
 
 FROM_MODEL = "the what-if model"
 FROM_RATES = "the CPU per sample and the step time"
@@ -34,11 +38,11 @@ class CoresNeeded:
                 f"`{self.command}`.")
 
 
-def cores_needed(metrics: Any, what_if: Any, command: list[str]) -> CoresNeeded | None:
-    """``metrics``: the run's ``Metrics``; ``what_if``: its ``WhatIf`` (or None)."""
+def cores_needed(metrics: "Metrics", what_if: "WhatIf | None", command: list[str]) -> CoresNeeded | None:
+    """The cores the run's step needs, when more than the host's and worth a cluster; else None."""
     host = int(metrics.cpu_count)
     cores, source = None, None
-    if what_if is not None and not getattr(what_if, "cannot_predict", None):
+    if what_if is not None and not what_if.cannot_predict:
         cores, source = what_if.cores_for_ceiling, FROM_MODEL  # None: these cores already reach the ceiling
         if cores is None:
             return None
@@ -54,14 +58,14 @@ def cores_needed(metrics: Any, what_if: Any, command: list[str]) -> CoresNeeded 
     return CoresNeeded(cores=cores, host_cores=host, source=source, command=offload_command(command, cores))
 
 
-def _worth_a_cluster(m: Any) -> bool:
+def _worth_a_cluster(m: "Metrics") -> bool:
     if not (m.samples_per_s and m.compute_per_batch_ms and m.steps and m.samples):
         return False
     ceiling_samples_per_s = (m.samples / m.steps) / (m.compute_per_batch_ms / 1000.0)
     return ceiling_samples_per_s >= m.samples_per_s * th.OFFLOAD_ADVICE_MIN_GAIN
 
 
-def _from_rates(m: Any) -> int | None:
+def _from_rates(m: "Metrics") -> int | None:
     if not (m.loader_cpu_bound_samples_per_s and m.compute_per_batch_ms and m.steps and m.samples):
         return None
     cpu_s_per_sample = m.cpu_count / m.loader_cpu_bound_samples_per_s
