@@ -575,3 +575,24 @@ def test_no_more_workers_than_an_epoch_has_batches():
     unknown = Workload(noisy, noise=0.0, diagnosis=modelled_by(partial, data_wait=0.3))
     run_search(unknown, LoaderSettings(num_workers=2, pin_memory=False), max_workers=16)
     assert max(s.num_workers or 0 for s in unknown.runs) > 8, unknown.runs
+
+
+def test_best_config_carries_the_stream_note_only_when_the_winner_changes_the_workers():
+    """best-config.json says what the winner changes beyond speed: another num_workers changes a
+    seeded run's augmentation from batch min(before, after) + 1 on; the same workers keep it, and
+    ``gpufeed run --config`` then says nothing (tests/real/test_seeded_augment.py runs both)."""
+    from gpufeed.tune.result import Trial
+
+    def result(best_settings):
+        yours = Trial(0, start(2, prefetch_factor=2), "your configuration", [TrialRun(OK, 100.0, 1.0)])
+        best = Trial(1, best_settings, "more", [TrialRun(OK, 150.0, 1.0)])
+        return TuneResult(command=["train.py"], site="train.py:9", baseline=yours, best=best, trials=[yours, best],
+                          noise=0.05, budget_s=None, elapsed_s=1.0)
+
+    changed = result(start(3, prefetch_factor=2)).config_file()
+    assert changed["note"].startswith("num_workers 2 -> 3 keeps every sample and its order")
+    assert changed["note"].endswith("its loss curve differs from batch 3 on")
+    assert result(start(2, prefetch_factor=4)).config_file()["note"] is None
+    kept = result(start(3, prefetch_factor=2))
+    kept.best = kept.baseline  # the confirmation pairs kept yours
+    assert kept.config_file()["note"] is None
