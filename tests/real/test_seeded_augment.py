@@ -66,8 +66,8 @@ def test_tune_says_so_when_its_winner_changes_the_workers(tmp_path):
     """A loader without workers whose every read waits 3 ms: tune's winner has workers, and tune,
     its best-config.json and ``run --config`` of that file say the stream changes from batch 1 on."""
     out = tmp_path / "tune"
-    tuned = gpufeed(["tune", "--out", str(out), "--budget", "20", "--trial-seconds", "1.5", "--warmup", "5",
-                     "--max-workers", "8", "--", *python("seeded_augment.py", "-j", "0", "--samples", "20000",
+    tuned = gpufeed(["tune", "--out", str(out), "--budget", "60", "--trial-seconds", "1.5", "--warmup", "5",
+                     "--max-workers", "4", "--", *python("seeded_augment.py", "-j", "0", "--samples", "20000",
                                                            "--latency", "0.003")],
                     cwd=tmp_path, env={}, timeout=300)
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
