@@ -71,14 +71,17 @@ def random_stream_note(workers_before: int | None, workers_after: int | None) ->
     workers, the training process's own stream makes every batch): with another count, each batch's
     random augmentation draws from another stream. The samples and their order are kept (the sampler
     runs in the training process); a seeded run's augmented batches, and so its loss curve, differ
-    from the second batch on. Keeping them would need each worker to replay the streams of the
-    count it replaces, one batch after another, which no parallel loader can do."""
+    from batch min(before, after) + 1 on: the batches before it are each their worker's first under
+    both counts, the next one is not (with no workers on one side, from the first batch). Keeping
+    them would need each worker to replay the streams of the count it replaces, one batch after
+    another, which no parallel loader can do (tests/real/test_seeded_augment.py: 2 -> 3 workers)."""
     if workers_before is None or workers_after is None or workers_before == workers_after:
         return None
+    first = min(workers_before, workers_after) + 1
     return (f"num_workers {workers_before} -> {workers_after} keeps every sample and its order, but each batch's "
             "random augmentation draws from another worker's random stream: a seeded run (torch.manual_seed) "
-            "gets other augmented batches than your settings give, and its loss curve differs from the second "
-            "batch on")
+            f"gets other augmented batches than your settings give, and its loss curve differs from batch {first} "
+            "on")
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,59 @@ def test_a_hydra_key_is_named_as_an_override():
 def test_nothing_is_said_where_the_source_cannot_be_read():
     from gpufeed.measure.inside.knobs import knob_sources
     assert knob_sources(None) == {}
+
+
+LIGHTNING = '''
+import sys
+import lightning as L
+from gpufeed.measure.inside.knobs import knob_sources
+
+def DataLoader(dataset, **kwargs):          # stands in for torch's, as above
+    return knob_sources(sys._getframe(1))
+
+class Data(L.LightningDataModule):
+    def __init__(self, num_workers: int = 0, batch_size: int = 8, pin: bool = False):
+        super().__init__()
+        self.save_hyperparameters()
+        self.workers = num_workers
+        self.pin = pin is True
+
+    def train_dataloader(self):
+        return DataLoader([], batch_size=self.hparams.batch_size, num_workers=self.workers, pin_memory=self.pin)
+
+def main():
+    data = Data(num_workers=1)
+    return data.train_dataloader()
+
+FOUND = main()  # run as the program (run_name="__main__"), as python train.py runs it
+'''
+
+
+def test_a_lightning_datamodules_init_arguments_are_named(tmp_path):
+    pytest = __import__("pytest")
+    pytest.importorskip("lightning")
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(LIGHTNING))
+    found = runpy.run_path(str(path), run_name="__main__")["FOUND"]
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "data = Data(" in text)
+    constructed = f"{path}:{line}"
+    assert found["num_workers"] == {"kind": "lightning", "class": "Data", "group": "data", "argument": "num_workers",
+                                    "constructed": constructed, "cli": None}
+    assert found["batch_size"]["argument"] == "batch_size"  # self.hparams.batch_size, by save_hyperparameters()
+    assert "pin_memory" not in found  # self.pin = pin is True: not the argument itself
+    text = change_in({"site": "train.py:17", "knobs": found}, num_workers=4)
+    assert text == (f"DataLoader(..., num_workers=4) at train.py:17; or pass `num_workers=4` to Data(...) at "
+                    f"{constructed} (its num_workers argument sets num_workers)")
+
+
+def test_a_lightning_cli_script_is_told_its_flag(tmp_path):
+    pytest = __import__("pytest")
+    pytest.importorskip("lightning")
+    path = tmp_path / "train.py"
+    # The script runs LightningCLI(model, Data): jsonargparse builds the DataModule, so its flag is the knob.
+    path.write_text(textwrap.dedent(LIGHTNING) + "\nif False:\n    from lightning.pytorch.cli import LightningCLI\n"
+                    "    LightningCLI(None, Data)\n")
+    found = runpy.run_path(str(path), run_name="__main__")["FOUND"]
+    assert found["num_workers"]["cli"] == "--data.num_workers"
+    assert change_in({"site": "train.py:17", "knobs": found}, num_workers=4).endswith(
+        "; or pass `--data.num_workers 4` (LightningCLI's flag for Data's num_workers, which sets num_workers)")

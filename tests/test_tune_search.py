@@ -575,3 +575,68 @@ def test_no_more_workers_than_an_epoch_has_batches():
     unknown = Workload(noisy, noise=0.0, diagnosis=modelled_by(partial, data_wait=0.3))
     run_search(unknown, LoaderSettings(num_workers=2, pin_memory=False), max_workers=16)
     assert max(s.num_workers or 0 for s in unknown.runs) > 8, unknown.runs
+
+
+def test_best_config_carries_the_stream_note_only_when_the_winner_changes_the_workers():
+    """best-config.json says what the winner changes beyond speed: another num_workers changes a
+    seeded run's augmentation from batch min(before, after) + 1 on; the same workers keep it, and
+    ``gpufeed run --config`` then says nothing (tests/real/test_seeded_augment.py runs both)."""
+    from gpufeed.tune.result import Trial
+
+    def result(best_settings):
+        yours = Trial(0, start(2, prefetch_factor=2), "your configuration", [TrialRun(OK, 100.0, 1.0)])
+        best = Trial(1, best_settings, "more", [TrialRun(OK, 150.0, 1.0)])
+        return TuneResult(command=["train.py"], site="train.py:9", baseline=yours, best=best, trials=[yours, best],
+                          noise=0.05, budget_s=None, elapsed_s=1.0)
+
+    changed = result(start(3, prefetch_factor=2)).config_file()
+    assert changed["note"].startswith("num_workers 2 -> 3 keeps every sample and its order")
+    assert changed["note"].endswith("its loss curve differs from batch 3 on")
+    assert result(start(2, prefetch_factor=4)).config_file()["note"] is None
+    kept = result(start(3, prefetch_factor=2))
+    kept.best = kept.baseline  # the confirmation pairs kept yours
+    assert kept.config_file()["note"] is None
+
+
+def cpu_costs(**kw):
+    """The what-if model's costs of a CPU-bound loader on 2 cores: 10 ms of CPU a batch of 16, a 2 ms step
+    on one thread, persistent workers (no start-up per epoch)."""
+    from gpufeed.analysis.whatif import Costs
+    fields = dict(cpu_s=0.010, sleep_s=0.0, handoff_s=0.0002, compute_s=0.002, receive_s=0.0001, main_cpu_s=0.0005,
+                  startup_s=0.0, spawn_s=0.0, stop_s=0.0, batches_per_epoch=1000.0, samples_per_batch=16.0, cores=2.0,
+                  other_cores=0.0, workers=0, persistent=True, cuda=False)
+    fields.update(kw)
+    return Costs(**fields)
+
+
+def test_the_ladder_stops_where_the_model_says_more_workers_cannot_help():
+    """Measured, each rung past 2 workers rises by a hair (less than the noise, so every step of the
+    climb counts as a rise and the climb would run to the cap); the model, fed by the run's costs, says
+    the cores bind from 2 workers on: the rung above the best is not measured (issue 31, point 6)."""
+    from gpufeed.analysis.whatif import samples_per_s as predicted
+
+    c = cpu_costs()
+    assert predicted(c, 4, False)[1] == "cores"
+    assert predicted(c, 4, False)[0] <= predicted(c, 2, False)[0] * 1.03
+
+    def creeping(s):
+        w = s.num_workers or 0
+        return 600.0 * min(max(w, 0.6), 2) + 2.0 * w
+
+    def diagnosis(s, costs):
+        d = fake_diagnosis(data_wait=0.6 if (s.num_workers or 0) < 2 else 0.3)
+        d.what_if = SimpleNamespace(cannot_predict=None, noise=0.03, yours=SimpleNamespace(samples_per_s=400.0),
+                                    best=None, costs=costs)
+        return d
+
+    runs = {}
+    for name, costs in (("with the model's costs", c), ("without", None)):
+        workload = Workload(creeping, noise=0.0, diagnosis=lambda s, costs=costs: diagnosis(s, costs))
+        run_search(workload, start(1), max_workers=32, confirm_pairs=0)
+        runs[name] = sorted({s.num_workers for s in workload.runs})
+    assert max(runs["without"]) == 32, runs  # the climb alone runs to the cap on a rise this small
+    assert max(runs["with the model's costs"]) <= 4, runs
+    # The same rise with a step on several threads: the model's flat cores stretch is known wrong there.
+    workload = Workload(creeping, noise=0.0, diagnosis=lambda s: diagnosis(s, cpu_costs(step_threads=2)))
+    run_search(workload, start(1), max_workers=32, confirm_pairs=0)
+    assert max(s.num_workers for s in workload.runs) == 32

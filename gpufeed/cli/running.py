@@ -195,12 +195,9 @@ def run(command: list[str], args: argparse.Namespace) -> int:
         which = "tf.data pipeline" if config.framework == "tensorflow" else "DataLoader"
         say_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
                  f"applied, or at the end when no {which} matched)")
-        workers = getattr(config.settings, "num_workers", None)
-        if workers is not None:
-            say_note(f"if your script's num_workers is not {workers}: every sample and its order are kept, but each "
-                     "batch's random augmentation draws from another worker's random stream, so a seeded run "
-                     "(torch.manual_seed) gets other augmented batches and its loss curve differs from the second "
-                     "batch on")
+        stream = _stream_note(args.config, getattr(config.settings, "num_workers", None))
+        if stream:
+            say_note(stream)
     if args.autotune:
         say_note("tuning the training DataLoader while it trains (each switch and the winner are said on stderr)")
     env = bootstrap_env(env)
@@ -210,6 +207,26 @@ def run(command: list[str], args: argparse.Namespace) -> int:
         say_error(f"could not start {command[0]!r}: {error.strerror}.")
         return EXIT_NOT_STARTED
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
+
+
+def _stream_note(path: Path, workers: int | None) -> str | None:
+    """What the settings change beyond speed. A file ``gpufeed tune`` wrote (it names the command)
+    carries its own note: tune knew the script's num_workers, and says nothing when the winner keeps
+    it. Any other file that sets num_workers gets the note on the condition only the script can tell."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = None
+    if isinstance(data, dict) and "command" in data and "note" in data:
+        return data["note"] if isinstance(data["note"], str) else None
+    if workers is None:
+        return None
+    return (f"if your script's num_workers is not {workers}: every sample and its order are kept, but each "
+            "batch's random augmentation draws from another worker's random stream, so a seeded run "
+            f"(torch.manual_seed) gets other augmented batches and its loss curve differs from batch "
+            f"min(yours, {workers}) + 1 on")
 
 
 def _read_config(path: Path):

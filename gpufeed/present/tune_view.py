@@ -10,7 +10,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from gpufeed.settings import LoaderSettings, PipelineSettings, random_stream_note
+from gpufeed.settings import LoaderSettings, PipelineSettings
 from gpufeed.analysis.steps import live_samples_per_s
 from gpufeed.tune.result import OK, Trial, TuneResult, paste_line
 from gpufeed.units import count, fmt
@@ -119,8 +119,7 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
         console.print(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings, result.training_config)))
     notes = [f"ties: throughputs within {result.noise:.0%} of each other (the measured run-to-run spread) "
              "count as equal; the cheapest of them wins"]
-    stream = random_stream_note(getattr(result.baseline.settings, "num_workers", None),
-                                getattr(best.settings, "num_workers", None)) if best is not result.baseline else None
+    stream = result.stream_note()
     if stream:
         notes.append(stream)
     if result.stopped == "budget":

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from gpufeed.settings import CONFIG_FORMAT
 from gpufeed.measure.inside.tf_overrides import TUNABLE_OPS
-from gpufeed.settings import AUTOTUNE, LoaderSettings, PipelineSettings
+from gpufeed.settings import AUTOTUNE, LoaderSettings, PipelineSettings, random_stream_note
 from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 
 TUNE_FORMAT = "gpufeed.tune/1"
@@ -196,7 +196,17 @@ class TuneResult:
                     "speedup": self.speedup, "command": self.command}
         which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
         return {"format": CONFIG_FORMAT, "framework": "pytorch", "site": self.site, **which, "settings": self.best.settings.to_dict(),
-                "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command}
+                "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command,
+                "note": self.stream_note()}
+
+    def stream_note(self) -> str | None:
+        """What the winner changes beyond speed against the configuration it was tuned from (the
+        seeded random stream, when it changes ``num_workers``), or None. Written into best-config.json,
+        where ``gpufeed run --config`` reads it: tune knew the script's num_workers, run does not."""
+        if self.framework == "tensorflow" or self.best is None or self.baseline is None or self.best is self.baseline:
+            return None
+        return random_stream_note(getattr(self.baseline.settings, "num_workers", None),
+                                  getattr(self.best.settings, "num_workers", None))
 
 
 def _summarised(summary: dict[str, Any] | None, trials: list[Trial]) -> Trial | None:

@@ -117,7 +117,18 @@ def knob_sentence(config: dict, settings: dict) -> str:
             said[-1] += f" (the script's {'/'.join(flags)} sets {name})"
         elif source.get("kind") == "hydra":
             said.append(f"`{source['key']}={value}` on the command line (the Hydra key that sets {name})")
+        elif source.get("kind") == "lightning":
+            said.append(_lightning_knob(source, name, value))
     return f"; or pass {' and '.join(said)}" if said else ""
+
+
+def _lightning_knob(source: dict, name: str, value) -> str:
+    """LightningCLI's flag for the DataModule's argument, else the argument where the DataModule is made."""
+    cls, argument = source.get("class"), source.get("argument")
+    if source.get("cli"):
+        return f"`{source['cli']} {value}` (LightningCLI's flag for {cls}'s {argument}, which sets {name})"
+    where = f" at {source['constructed']}" if source.get("constructed") else ""
+    return f"`{argument}={value!r}` to {cls}(...){where} (its {argument} argument sets {name})"
 
 
 def _plain_change(config: dict, framework: str | None, site: str | None, user: str | None, args: str) -> str:
