@@ -1,6 +1,6 @@
 """A DataLoader whose settings change while it runs, delivering every batch exactly once, in order.
 
-(Longer than 400 lines because the exactly-once argument spans the loader, its feed and the
+(Longer than 450 lines because the exactly-once argument spans the loader, its feed and the
 child iterators: splitting them would split the proof.)
 
 ``SwitchingLoader`` wraps a user's ``DataLoader`` and never iterates it. Each epoch it draws the
