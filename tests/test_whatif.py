@@ -190,7 +190,7 @@ def test_time_waited_before_each_reading_is_the_sum_over_steps():
     """The prefix-sum form of the wait before a time, against the sum over every step it replaced."""
     import numpy as np
 
-    from gpufeed.analysis.whatif import _wait_until
+    from gpufeed.analysis.intervals import waited_before
     from gpufeed.record.rows import StepRows
 
     rng = np.random.default_rng(0)
@@ -199,8 +199,9 @@ def test_time_waited_before_each_reading_is_the_sum_over_steps():
     steps = StepRows.of([(k, float(r), float(d), 8, None) for k, (r, d) in enumerate(zip(request, deliver))])
     x = np.concatenate(([request[0] - 1.0], rng.uniform(request[0], deliver[-1], 200), [deliver[-1] + 1.0]))
     brute = np.array([np.clip(np.minimum(deliver, t) - request, 0, None).sum() for t in x])
-    assert np.allclose(_wait_until(steps, x), brute, atol=1e-9)
-    assert _wait_until(steps, x)[0] == 0 and _wait_until(steps, x)[-1] == pytest.approx((deliver - request).sum())
+    got = waited_before(steps.t_request, steps.t_deliver, x)
+    assert np.allclose(got, brute, atol=1e-9)
+    assert got[0] == 0 and got[-1] == pytest.approx((deliver - request).sum())
 
 
 def _costs(**changed):
@@ -235,7 +236,7 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
 
     import numpy as np
 
-    from gpufeed.analysis.whatif import _other_cores
+    from gpufeed.analysis.whatif.sampled import other_cores
     t = np.arange(10) * 0.1
     procs, busy = [], []
     for i in range(10):
@@ -245,9 +246,9 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
     record = SimpleNamespace(samples=SimpleNamespace(t=t, cpu_pct=np.array(busy), procs=procs))
     m = SimpleNamespace(cpu_cores=[0, 1], window_start_t=0.0, window_end_t=1.0, cpu_cores_busy=1.85,
                         cpu_cores_command=1.66)
-    assert _other_cores(record, m) == pytest.approx(0.05)  # the 5% another program took on core 1
+    assert other_cores(record, m) == pytest.approx(0.05)  # the 5% another program took on core 1
     few = SimpleNamespace(samples=SimpleNamespace(t=t[:3], cpu_pct=np.array(busy[:3]), procs=[procs[0], procs[3], procs[0]]))
-    assert _other_cores(few, m) == pytest.approx(1.85 - 1.66)  # too few steady intervals: the run's metrics
+    assert other_cores(few, m) == pytest.approx(1.85 - 1.66)  # too few steady intervals: the run's metrics
 
 
 def _compute_bound(**changed):
@@ -263,9 +264,10 @@ def test_workers_beside_a_cpu_step_that_fills_the_cores_slow_it_down():
     """Measured: the step took 13.1-14.4 ms beside 1-16 workers (10.7 ms alone). Each worker's CPU
     preempts one of the step's two threads, and the other waits: the loop's bound falls by about
     twice the worker CPU made beside the step, and no worker count brings the ceiling back."""
-    from gpufeed.analysis.whatif import LIMIT_LOOP, _preempted_step, batches_per_s
+    from gpufeed.analysis.whatif import LIMIT_LOOP, batches_per_s
+    from gpufeed.analysis.whatif.formulas import preempted_step
     c = _compute_bound()
-    stall, spin = _preempted_step(c, 1, 2.0, c.compute_s)
+    stall, spin = preempted_step(c, 1, 2.0, c.compute_s)
     assert stall == pytest.approx(2 * 0.00165) and spin == pytest.approx(0.00165)
     rate, limit = batches_per_s(c, 4)
     # The worker CPU made while the step runs: the share of the period the step takes (10.7 of 11.5 ms,
@@ -277,19 +279,21 @@ def test_workers_beside_a_cpu_step_that_fills_the_cores_slow_it_down():
 
 
 def test_a_step_that_leaves_cores_idle_or_runs_on_the_gpu_is_not_preempted():
-    from gpufeed.analysis.whatif import _preempted_step, _worker_bounds, batches_per_s
+    from gpufeed.analysis.whatif import batches_per_s
+    from gpufeed.analysis.whatif.formulas import preempted_step, worker_bounds
     one_thread = _compute_bound(main_cpu_s=0.0107)  # k = 1: the other core absorbs the workers' 1.65 ms
-    assert _preempted_step(one_thread, 4, 2.0, one_thread.compute_s) == (0.0, 0.0)
+    assert preempted_step(one_thread, 4, 2.0, one_thread.compute_s) == (0.0, 0.0)
     gpu = _compute_bound(cuda=True)
-    assert _preempted_step(gpu, 4, 2.0, gpu.compute_s) == (0.0, 0.0)
-    assert batches_per_s(gpu, 4)[0] == min(_worker_bounds(gpu, 4, 2.0).values())
+    assert preempted_step(gpu, 4, 2.0, gpu.compute_s) == (0.0, 0.0)
+    assert batches_per_s(gpu, 4)[0] == min(worker_bounds(gpu, 4, 2.0).values())
 
 
 def test_a_baseline_with_workers_is_taken_back_to_its_step_alone():
     """A run with workers measured its step preempted (14 ms, 28 ms of the training process's CPU a
     batch, as measured beside 2 workers): the model's costs are the step alone, so the run's own
     setting is predicted about as measured, and no workers faster."""
-    from gpufeed.analysis.whatif import _alone, batches_per_s
+    from gpufeed.analysis.whatif import batches_per_s
+    from gpufeed.analysis.whatif.costs import _alone
     measured = _compute_bound(compute_s=0.014, main_cpu_s=0.028, workers=2)
     alone = _alone(measured)
     assert alone.compute_s < measured.compute_s and alone.main_cpu_s < measured.main_cpu_s
@@ -557,7 +561,7 @@ def test_a_burst_of_batches_under_way_at_the_window_edge_is_not_handoff_cpu():
 
     import numpy as np
 
-    from gpufeed.analysis.whatif import _handoff
+    from gpufeed.analysis.whatif.sampled import handoff_per_batch
     from gpufeed.record.rows import FetchRows
 
     # 4 workers on 2 cores, each batch 125 ms of CPU over 250 ms, all four in step: a burst every 250 ms.
@@ -568,7 +572,7 @@ def test_a_burst_of_batches_under_way_at_the_window_edge_is_not_handoff_cpu():
     t = np.arange(0.0, 2.0001, 0.1)
     samples = SimpleNamespace(t=t, procs=[[(pid, 0, cpu_pct) for pid in workers] for _ in t])
     spans = np.array([[0.0, 0.9]])  # ends with the 4th burst (0.75-1.0 s) 60% made
-    got = _handoff(SimpleNamespace(samples=samples), set(workers), rows, spans)
+    got = handoff_per_batch(SimpleNamespace(samples=samples), set(workers), rows, spans)
     assert got == pytest.approx(handoff, rel=0.05)
     # Counting whole fetches by their end instead leaves the burst's CPU so far over: 26x the truth.
     ended = rows[rows.t_end <= 0.9]
@@ -597,7 +601,7 @@ def test_the_training_processs_cpu_per_step_leaves_out_starting_and_stopping_wor
 def test_a_few_runnable_readings_in_short_fetches_are_not_a_core_waited_for():
     """The runnable share of a worker's fetches is taken as low as its readings allow: 9 of 26 is at
     least 19%, 900 of 2,600 at least 33%; no readings leave it unknown."""
-    from gpufeed.analysis.whatif import _surely_running
+    from gpufeed.analysis.whatif.costs import _surely_running
     assert _surely_running(9 / 26, 26) == pytest.approx(0.19, abs=0.01)
     assert _surely_running(0.346, 2600) == pytest.approx(0.328, abs=0.005)
     assert _surely_running(0.0, 30) == 0.0 and _surely_running(None, 0) is None
