@@ -421,7 +421,8 @@ def test_no_copy_on_write_for_workers_that_are_spawned(tmp_path):
 
 def test_the_block_names_the_copy_on_write_where_there_is_one(tmp_path):
     assert "each fork of workers costs its step 100 ms (copy-on-write)" in block_text(tmp_path / "cow", FORKED)
-    assert "copy-on-write" not in block_text(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None))
+    none = block_text(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None))
+    assert "(copy-on-write)" not in none and "copy-on-write 0 ms/fork" in none  # not measured: named assumed
 
 
 def test_settings_keep_the_workers_threads_and_the_block_says_so(tmp_path):
@@ -644,3 +645,52 @@ def test_only_epochs_that_ended_count_whole(tmp_path):
     for it in record.iterators:
         it.epoch_ends = []
     assert not measure_costs(record, training, m).p50.whole_epochs
+
+
+def test_an_assumed_term_widens_the_range_to_its_low_and_high_multiple():
+    """Stopping workers (z) not measured in the run: the range of a setting that stops its workers each
+    epoch covers z at WHATIF_ASSUMED_LOW and _HIGH times the default; the value does not move."""
+    from gpufeed.analysis.whatif import Spread, predict
+    c = _costs()  # 16 workers started again each epoch of 30 batches: z counts 18 times an epoch
+    measured = Spread(c, c, c)
+    guessed = Spread(*[dataclasses.replace(c, assumed=("stop_s",))] * 3)
+    plain, wide = (predict(s, 16, False, noise=0.03) for s in (measured, guessed))
+    assert wide.samples_per_s == plain.samples_per_s
+    at = [samples_per_s(dataclasses.replace(c, stop_s=c.stop_s * f), 16, False)[0]
+          for f in (th.WHATIF_ASSUMED_LOW, th.WHATIF_ASSUMED_HIGH)]
+    assert wide.low == pytest.approx(min(at) * 0.97) and wide.high == pytest.approx(max(at) * 1.03)
+    assert wide.low < 0.99 * plain.low and wide.high > 1.01 * plain.high
+    # Persistent workers never stop: the term is not in their formula, and their range stays as it was.
+    assert predict(guessed, 16, True, noise=0.03) == predict(measured, 16, True, noise=0.03)
+
+
+def test_nothing_assumed_leaves_the_range_to_the_quartiles_and_the_noise():
+    """With every term measured, the range is exactly the p75 and p25 costs' predictions and the noise."""
+    from gpufeed.analysis.whatif import Spread, predict
+    c = _costs()
+    p25, p75 = dataclasses.replace(c, cpu_s=0.050, stop_s=0.004), dataclasses.replace(c, cpu_s=0.060, stop_s=0.008)
+    p = predict(Spread(p25, c, p75), 16, False, noise=0.05)
+    value = samples_per_s(c, 16, False)[0]
+    assert p.samples_per_s == value
+    assert p.low == min(samples_per_s(p75, 16, False)[0], value) * (1 - 0.05)
+    assert p.high == max(samples_per_s(p25, 16, False)[0], value) * (1 + 0.05)
+    # A term assumed 0 (no copy-on-write measured) cannot be widened by a multiple: named, range unmoved.
+    zero = Spread(*(dataclasses.replace(x, cow_s=0.0, assumed=("cow_s",)) for x in (p25, c, p75)))
+    assert predict(zero, 16, False, noise=0.05) == p
+
+
+def test_the_terms_a_run_did_not_measure_are_named_in_the_json_and_the_block(tmp_path):
+    """Without workers the run shows no hand-off (h), no receive of a ready batch (r) and no workers
+    stopping (z): defaults stand in, named; persistent workers show h and r, not z."""
+    w0 = run(tmp_path / "w0", CPU_BOUND)
+    assert {"handoff_s", "receive_s", "stop_s"} <= set(w0.costs.assumed)
+    assert json.loads(json.dumps(w0.to_dict()))["assumed"] == list(w0.costs.assumed)
+    persistent = run(tmp_path / "persistent", STORAGE)
+    assert "stop_s" in persistent.costs.assumed
+    assert "handoff_s" not in persistent.costs.assumed and "receive_s" not in persistent.costs.assumed
+    assert "assumed, not measured in this run: stop 6 ms/worker" in block_text(tmp_path / "block", STORAGE)
+    # Each prediction of the w0 run with workers has its range widened by the hand-off at least.
+    from gpufeed.analysis.whatif import Spread, predict
+    c = w0.costs
+    measured = Spread(*[dataclasses.replace(c, assumed=())] * 3)
+    assert predict(Spread(c, c, c), 4, True).low < predict(measured, 4, True).low

@@ -37,7 +37,7 @@ def quiet_machine(measured: Model) -> tuple[Prediction, Prediction] | None:
     spread, answers = measured.spread, measured.answers
     if spread is None or answers.yours is None or spread.p50.other_cores <= 0:
         return None
-    quiet = Spread(*(replace(x, other_cores=0.0) for x in (spread.p25, spread.p50, spread.p75)))
+    quiet = spread.each(lambda x: replace(x, other_cores=0.0))
     c = spread.p50
     return answers.yours, predict(quiet, c.workers, c.persistent, noise=answers.noise or 0.0,
                                   why="on a machine no other program shares")
@@ -73,8 +73,8 @@ def answer(record: RunRecord, training: LoaderSummary | None, m: Metrics, *, wor
     except CannotPredict as reason:
         return WhatIf(cannot_predict=str(reason))
     if other_cores is not None:
-        spread = Spread(*(replace(x, other_cores=other_cores) for x in (spread.p25, spread.p50, spread.p75)))
-    spread = Spread(*(x.on_faster_cpu(cpu_speedup) for x in (spread.p25, spread.p50, spread.p75)))
+        spread = spread.each(lambda x: replace(x, other_cores=other_cores))
+    spread = spread.each(lambda x: x.on_faster_cpu(cpu_speedup))
     result = _answers(spread, _run_noise(record, training, m), m, cores, gpu_speedup)
     c = spread.p50
     w = c.workers if workers is None else workers

@@ -109,10 +109,19 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     if not workers and fork_s is not None:  # this process's own fork, measured: a larger one forks slower
         spawns = fork_s
     period = epoch_period(its, m, pauses) if workers and not cfg.get("persistent_workers") else None
-    handoff = th.WHATIF_HANDOFF_S
+    handoff = None
     if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
-        measured = handoff_per_batch(record, set(training.worker_pids), every_row, spans)
-        handoff = measured if measured is not None else handoff
+        handoff = handoff_per_batch(record, set(training.worker_pids), every_row, spans)
+    # What the run could not show (None here) is a documented default, named in ``assumed``: the ranges
+    # cover it (formulas.predict). Without workers, r (next() on a ready batch) never happened.
+    as_read = {"handoff_s": handoff, "spawn_s": spawns, "stop_s": stops, "cow_s": cow,
+               "receive_s": receive if workers else None,
+               "spin_s": None if _spin_unread(its, timed, workers, m.cuda_used) else spin}
+    assumed = tuple(name for name, value in as_read.items() if value is None)
+    handoff = th.WHATIF_HANDOFF_S if handoff is None else handoff
+    spawns = th.WHATIF_WORKER_SPAWN_S if spawns is None else spawns
+    stops = th.WHATIF_WORKER_STOP_S if stops is None else stops
+    cow = 0.0 if cow is None else cow
     others = min(other_cores(record, m), m.cpu_count * th.WHATIF_MAX_OTHER_SHARE)
 
     # Without workers the training process's CPU includes the batches it made.
@@ -127,7 +136,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
                      worker_cpu_s=None if in_worker is None else _q(in_worker, q),
                      worker_threads=_worker_threads(record, training.worker_pids), ranks=max(len(m.ranks), 1),
-                     ready_compute_s=None if ready is None else _q(ready, q))
+                     ready_compute_s=None if ready is None else _q(ready, q), assumed=assumed)
     return Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
 
 
@@ -144,6 +153,17 @@ def _step_threads(its: list) -> int:
     """The training process's torch threads as its iterators were created (1 in older records)."""
     threads = [it.torch_threads for it in its if it.torch_threads]
     return max(int(np.median(threads)), 1) if threads else 1
+
+
+def _spin_unread(its: list, timed: StepRows | FetchRows, workers: int, cuda: bool) -> bool:
+    """Whether the spin of the step's threads (S) is 0 for want of readings, not measured: a CPU-only
+    record without the training process's torch threads, or without workers and without the training
+    thread's own CPU in next() (older records)."""
+    if cuda:
+        return False  # a step on the GPU: its ops are not OpenMP regions, S = 0 by the model
+    if not any(it.torch_threads for it in its):
+        return True
+    return not workers and _step_threads(its) > 1 and not np.isfinite(timed.thread_cpu_s).any()
 
 
 def _worker_threads(record: RunRecord, worker_pids: list[int]) -> int:

@@ -16,26 +16,27 @@ from gpufeed.record.reader import RunRecord
 
 
 def copy_on_write(record: RunRecord, pid: int, its: list, compute: np.ndarray,
-                   start_method: str | None) -> tuple[float, float | None]:
+                  start_method: str | None) -> tuple[float | None, float | None]:
     """What the step pays after each fork of its workers, and how long this process takes to fork:
-    (cow_s, fork_s), from the probe's fork in the warm-up (``measure/inside/forking.py``).
+    (cow_s, fork_s), from the probe's fork in the warm-up (``measure/inside/forking.py``); None where
+    the run did not measure it.
 
     The steps that ran while the probe's child shared the pages (the one it forked in, less the fork,
     and those after) against the window's median step. Measured in plain torch on bench/what_if.py's
     compute-bound model (2 cores): 70-190 ms in six runs, against 73-128 ms that each epoch's first
-    three steps took beyond the median with one worker started again each epoch. (0, None) without
-    the probe (an older record, a warm-up under 5 steps) or where workers start by spawn or
-    forkserver: such a worker shares no pages."""
+    three steps took beyond the median with one worker started again each epoch. (None, None) without
+    the probe (an older record, a warm-up under 5 steps); cow_s None where no step held its fork; 0
+    where workers start by spawn or forkserver: such a worker shares no pages."""
     probe = next((p for p in record.fork_probes if p.pid == pid), None)
-    if probe is None or not len(compute):
-        return 0.0, None
+    if probe is None or not len(compute):  # a loader set to spawn or forkserver shares no pages all the same
+        return (0.0 if start_method not in (None, "fork") else None), None
     fork_s = max(probe.t_forked - probe.t_fork, 0.0)
     if (start_method or probe.default_start_method) != "fork":
         return 0.0, fork_s
     delivered, requested = _step_intervals(its)
     first = np.flatnonzero((delivered <= probe.t_fork) & (probe.t_fork < requested))
     if not len(first):
-        return 0.0, fork_s
+        return None, fork_s
     during = slice(int(first[0]), int(first[0]) + probe.steps)
     steps = requested[during] - delivered[during]
     excess = float(steps.sum()) - fork_s - len(steps) * float(np.median(compute))
@@ -88,19 +89,18 @@ def epoch_period(its: list, m: Metrics, pauses: np.ndarray) -> float | None:
     return float(np.median(periods))
 
 
-def startup(its: list, workers: int) -> tuple[float, float, float, float, bool]:
+def startup(its: list, workers: int) -> tuple[float, float | None, float | None, float, bool]:
     """Start-up of a new iterator besides its first fetch (median), the share of it per worker
     (forking), the shutdown per worker at an epoch's end, the batches of an epoch, and whether they were
-    counted over epochs that ended. Where this run has no worker that started or stopped, a worker's
-    start and stop are the documented typical ones."""
+    counted over epochs that ended. None where this run has no worker that started, or stopped: the
+    caller takes the documented typical ones and names them assumed."""
     firsts = [(it.t_created, it.t_ready, it.steps.t_deliver[0]) for it in its if len(it.steps)]
     startup = float(np.median([first - created for created, _ready, first in firsts])) if firsts else 0.0
     spawn = (float(np.median([ready - created for created, ready, _first in firsts])) / workers
-             if workers and firsts else th.WHATIF_WORKER_SPAWN_S)
+             if workers and firsts else None)
     ends = [t - t_request for it in its if it.worker_pids and not it.config.persistent_workers
             for t_request, t in it.epoch_ends]
-    stop = float(np.median(ends)) / (workers + th.WHATIF_STOP_FIXED_WORKERS) if workers and ends \
-        else th.WHATIF_WORKER_STOP_S
+    stop = float(np.median(ends)) / (workers + th.WHATIF_STOP_FIXED_WORKERS) if workers and ends else None
     # Batches per epoch from the epochs that ended (the run usually stops inside one); a record
     # without epoch_end events counts every epoch it started.
     ended = sum(len(it.epoch_ends) for it in its)

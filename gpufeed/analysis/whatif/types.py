@@ -25,7 +25,7 @@ class Costs:
     main_cpu_s: float            # m: the training process's CPU per step, which competes with workers for cores
     startup_s: float             # T: a new iterator's start-up before its first batch, besides the fetch
     spawn_s: float               # k (of T, k): of which per worker (forking it)
-    stop_s: float                # z: shutting workers down at an epoch's end (non-persistent), per worker (``restart_s``)
+    stop_s: float                # z: shutting workers down at an epoch's end (non-persistent), per worker
     batches_per_epoch: float     # B: batches per epoch
     samples_per_batch: float     # b: samples per batch (every loader stepped together)
     cores: float                 # C: the cores the job may use
@@ -35,7 +35,7 @@ class Costs:
     cuda: bool                   # (no symbol) the step ran on a GPU: d = u = 0, and g does not shrink with the CPU
     # P (in I's formula): non-persistent workers: the median time from one epoch's iterator to the next,
     # measured (None: fewer than two epochs, or persistent workers). It gives the start-up that is
-    # neither forking, stopping, nor making batches (``formulas.init_s``).
+    # neither forking, stopping, nor making batches (``formulas._init_s``).
     epoch_period_s: float | None = None
     # k (in S's formula): a CPU-only run's training process's torch threads; S: the CPU they burn per step
     # spinning while the loop waits for data, when they have the cores (OpenMP's idle threads spin a
