@@ -220,11 +220,14 @@ def best_setting(spread: Spread, *, cores: float | None = None, gpu_speedup: flo
     cores = spread.p50.cores if cores is None else cores
     top = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(int(cores), 1)
     kinds = (False, True) if persistent is None else (persistent,)
-    candidates = [predict(spread, w, p, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why=why)
-                  for w in range(0, top + 1) for p in (kinds if w else (False,))]
-    fastest = max(p.samples_per_s for p in candidates)
-    close = [p for p in candidates if p.samples_per_s >= fastest * (1 - th.WHATIF_TIE_SHARE)]
-    return min(close, key=lambda p: (p.num_workers, p.persistent_workers))
+    settings = [(w, p) for w in range(0, top + 1) for p in (kinds if w else (False,))]
+    # The point values pick the setting; only the one picked needs its range (predict's, many evaluations).
+    mean = spread.p50.scaled(gpu_speedup)
+    rates = [samples_per_s(mean, w, p, cores)[0] for w, p in settings]
+    fastest = max(rates)
+    close = [s for s, rate in zip(settings, rates) if rate >= fastest * (1 - th.WHATIF_TIE_SHARE)]
+    workers, persistent = min(close)
+    return predict(spread, workers, persistent, cores=cores, gpu_speedup=gpu_speedup, noise=noise, why=why)
 
 
 def best_of(costs: Costs, *, max_workers: int | None = None) -> Prediction:
