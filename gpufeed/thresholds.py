@@ -247,7 +247,7 @@ BATCH_TRIAL_WARMUP_STEPS = 3
 # below that are run-to-run noise on a shared machine, see TUNE_NOISE_FLOOR and bench/results).
 BATCH_KNEE_TOLERANCE = 0.05
 
-# -- what if (analysis/whatif.py, docs/what-if.md) -------------------------------------------------------------
+# -- what if (analysis/whatif/, docs/what-if.md) -------------------------------------------------------------
 # Fewest measured steps (and worker batches) to predict from: below this the per-batch quartiles
 # that give the prediction its range are not quartiles (issue 15: "too few steps: cannot predict").
 WHATIF_MIN_STEPS = 20
@@ -328,6 +328,11 @@ WHATIF_MIN_FREE_CORES = 0.25
 WHATIF_TIE_SHARE = 0.02
 # The least uncertainty a prediction carries beyond its cost quartiles: the tune's noise floor.
 WHATIF_NOISE_FLOOR = 0.03
+# A term the run did not measure (Costs.assumed: hand-off, forking, stopping workers) is a default from
+# one 2-core VM; a prediction's range covers it at half and twice its value. There it spanned 0.7-1.4x
+# (h 0.5-0.8 ms for 0.7; k 8-13 ms for 10; z 5-10 ms for 6, above), and a CPU half or twice as fast, or
+# a process that forks at twice the size, moves it by about 2x more.
+WHATIF_ASSUMED_LOW, WHATIF_ASSUMED_HIGH = 0.5, 2.0
 # A rule sizes its advice from the model (too_few_workers' worker count) only where the model's
 # prediction of the run's own settings is within this share of what the run measured: every workload
 # of bench/what_if.py's held-out set was within 20% (docs/what-if.md); beyond it the model is not

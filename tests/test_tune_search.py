@@ -503,7 +503,7 @@ def test_tune_json_reads_back_as_it_was_written():
 
 
 def modelled_by(costs, persistent=True, noise=0.03, max_workers=16, **kw):
-    """A diagnosis whose what-if answer comes from real model costs (``analysis/whatif.py``)."""
+    """A diagnosis whose what-if answer comes from real model costs (``analysis/whatif/``)."""
     from gpufeed.analysis.whatif import best_of, samples_per_s
 
     def diagnosis(s):

@@ -190,7 +190,7 @@ def test_time_waited_before_each_reading_is_the_sum_over_steps():
     """The prefix-sum form of the wait before a time, against the sum over every step it replaced."""
     import numpy as np
 
-    from gpufeed.analysis.whatif import _wait_until
+    from gpufeed.analysis.intervals import waited_before
     from gpufeed.record.rows import StepRows
 
     rng = np.random.default_rng(0)
@@ -199,8 +199,9 @@ def test_time_waited_before_each_reading_is_the_sum_over_steps():
     steps = StepRows.of([(k, float(r), float(d), 8, None) for k, (r, d) in enumerate(zip(request, deliver))])
     x = np.concatenate(([request[0] - 1.0], rng.uniform(request[0], deliver[-1], 200), [deliver[-1] + 1.0]))
     brute = np.array([np.clip(np.minimum(deliver, t) - request, 0, None).sum() for t in x])
-    assert np.allclose(_wait_until(steps, x), brute, atol=1e-9)
-    assert _wait_until(steps, x)[0] == 0 and _wait_until(steps, x)[-1] == pytest.approx((deliver - request).sum())
+    got = waited_before(steps.t_request, steps.t_deliver, x)
+    assert np.allclose(got, brute, atol=1e-9)
+    assert got[0] == 0 and got[-1] == pytest.approx((deliver - request).sum())
 
 
 def _costs(**changed):
@@ -235,7 +236,7 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
 
     import numpy as np
 
-    from gpufeed.analysis.whatif import _other_cores
+    from gpufeed.analysis.whatif.sampled import other_cores
     t = np.arange(10) * 0.1
     procs, busy = [], []
     for i in range(10):
@@ -245,9 +246,9 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
     record = SimpleNamespace(samples=SimpleNamespace(t=t, cpu_pct=np.array(busy), procs=procs))
     m = SimpleNamespace(cpu_cores=[0, 1], window_start_t=0.0, window_end_t=1.0, cpu_cores_busy=1.85,
                         cpu_cores_command=1.66)
-    assert _other_cores(record, m) == pytest.approx(0.05)  # the 5% another program took on core 1
+    assert other_cores(record, m) == pytest.approx(0.05)  # the 5% another program took on core 1
     few = SimpleNamespace(samples=SimpleNamespace(t=t[:3], cpu_pct=np.array(busy[:3]), procs=[procs[0], procs[3], procs[0]]))
-    assert _other_cores(few, m) == pytest.approx(1.85 - 1.66)  # too few steady intervals: the run's metrics
+    assert other_cores(few, m) == pytest.approx(1.85 - 1.66)  # too few steady intervals: the run's metrics
 
 
 def _compute_bound(**changed):
@@ -263,9 +264,10 @@ def test_workers_beside_a_cpu_step_that_fills_the_cores_slow_it_down():
     """Measured: the step took 13.1-14.4 ms beside 1-16 workers (10.7 ms alone). Each worker's CPU
     preempts one of the step's two threads, and the other waits: the loop's bound falls by about
     twice the worker CPU made beside the step, and no worker count brings the ceiling back."""
-    from gpufeed.analysis.whatif import LIMIT_LOOP, _preempted_step, batches_per_s
+    from gpufeed.analysis.whatif import LIMIT_LOOP, batches_per_s
+    from gpufeed.analysis.whatif.formulas import preempted_step
     c = _compute_bound()
-    stall, spin = _preempted_step(c, 1, 2.0, c.compute_s)
+    stall, spin = preempted_step(c, 1, 2.0, c.compute_s)
     assert stall == pytest.approx(2 * 0.00165) and spin == pytest.approx(0.00165)
     rate, limit = batches_per_s(c, 4)
     # The worker CPU made while the step runs: the share of the period the step takes (10.7 of 11.5 ms,
@@ -277,19 +279,21 @@ def test_workers_beside_a_cpu_step_that_fills_the_cores_slow_it_down():
 
 
 def test_a_step_that_leaves_cores_idle_or_runs_on_the_gpu_is_not_preempted():
-    from gpufeed.analysis.whatif import _preempted_step, _worker_bounds, batches_per_s
+    from gpufeed.analysis.whatif import batches_per_s
+    from gpufeed.analysis.whatif.formulas import preempted_step, worker_bounds
     one_thread = _compute_bound(main_cpu_s=0.0107)  # k = 1: the other core absorbs the workers' 1.65 ms
-    assert _preempted_step(one_thread, 4, 2.0, one_thread.compute_s) == (0.0, 0.0)
+    assert preempted_step(one_thread, 4, 2.0, one_thread.compute_s) == (0.0, 0.0)
     gpu = _compute_bound(cuda=True)
-    assert _preempted_step(gpu, 4, 2.0, gpu.compute_s) == (0.0, 0.0)
-    assert batches_per_s(gpu, 4)[0] == min(_worker_bounds(gpu, 4, 2.0).values())
+    assert preempted_step(gpu, 4, 2.0, gpu.compute_s) == (0.0, 0.0)
+    assert batches_per_s(gpu, 4)[0] == min(worker_bounds(gpu, 4, 2.0).values())
 
 
 def test_a_baseline_with_workers_is_taken_back_to_its_step_alone():
     """A run with workers measured its step preempted (14 ms, 28 ms of the training process's CPU a
     batch, as measured beside 2 workers): the model's costs are the step alone, so the run's own
     setting is predicted about as measured, and no workers faster."""
-    from gpufeed.analysis.whatif import _alone, batches_per_s
+    from gpufeed.analysis.whatif import batches_per_s
+    from gpufeed.analysis.whatif.costs import _alone
     measured = _compute_bound(compute_s=0.014, main_cpu_s=0.028, workers=2)
     alone = _alone(measured)
     assert alone.compute_s < measured.compute_s and alone.main_cpu_s < measured.main_cpu_s
@@ -417,7 +421,8 @@ def test_no_copy_on_write_for_workers_that_are_spawned(tmp_path):
 
 def test_the_block_names_the_copy_on_write_where_there_is_one(tmp_path):
     assert "each fork of workers costs its step 100 ms (copy-on-write)" in block_text(tmp_path / "cow", FORKED)
-    assert "copy-on-write" not in block_text(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None))
+    none = block_text(tmp_path / "none", dataclasses.replace(FORKED, fork_probe=None))
+    assert "(copy-on-write)" not in none and "copy-on-write 0 ms/fork" in none  # not measured: named assumed
 
 
 def test_settings_keep_the_workers_threads_and_the_block_says_so(tmp_path):
@@ -557,7 +562,7 @@ def test_a_burst_of_batches_under_way_at_the_window_edge_is_not_handoff_cpu():
 
     import numpy as np
 
-    from gpufeed.analysis.whatif import _handoff
+    from gpufeed.analysis.whatif.sampled import handoff_per_batch
     from gpufeed.record.rows import FetchRows
 
     # 4 workers on 2 cores, each batch 125 ms of CPU over 250 ms, all four in step: a burst every 250 ms.
@@ -568,7 +573,7 @@ def test_a_burst_of_batches_under_way_at_the_window_edge_is_not_handoff_cpu():
     t = np.arange(0.0, 2.0001, 0.1)
     samples = SimpleNamespace(t=t, procs=[[(pid, 0, cpu_pct) for pid in workers] for _ in t])
     spans = np.array([[0.0, 0.9]])  # ends with the 4th burst (0.75-1.0 s) 60% made
-    got = _handoff(SimpleNamespace(samples=samples), set(workers), rows, spans)
+    got = handoff_per_batch(SimpleNamespace(samples=samples), set(workers), rows, spans)
     assert got == pytest.approx(handoff, rel=0.05)
     # Counting whole fetches by their end instead leaves the burst's CPU so far over: 26x the truth.
     ended = rows[rows.t_end <= 0.9]
@@ -597,7 +602,7 @@ def test_the_training_processs_cpu_per_step_leaves_out_starting_and_stopping_wor
 def test_a_few_runnable_readings_in_short_fetches_are_not_a_core_waited_for():
     """The runnable share of a worker's fetches is taken as low as its readings allow: 9 of 26 is at
     least 19%, 900 of 2,600 at least 33%; no readings leave it unknown."""
-    from gpufeed.analysis.whatif import _surely_running
+    from gpufeed.analysis.whatif.costs import _surely_running
     assert _surely_running(9 / 26, 26) == pytest.approx(0.19, abs=0.01)
     assert _surely_running(0.346, 2600) == pytest.approx(0.328, abs=0.005)
     assert _surely_running(0.0, 30) == 0.0 and _surely_running(None, 0) is None
@@ -640,3 +645,52 @@ def test_only_epochs_that_ended_count_whole(tmp_path):
     for it in record.iterators:
         it.epoch_ends = []
     assert not measure_costs(record, training, m).p50.whole_epochs
+
+
+def test_an_assumed_term_widens_the_range_to_its_low_and_high_multiple():
+    """Stopping workers (z) not measured in the run: the range of a setting that stops its workers each
+    epoch covers z at WHATIF_ASSUMED_LOW and _HIGH times the default; the value does not move."""
+    from gpufeed.analysis.whatif import Spread, predict
+    c = _costs()  # 16 workers started again each epoch of 30 batches: z counts 18 times an epoch
+    measured = Spread(c, c, c)
+    guessed = Spread(*[dataclasses.replace(c, assumed=("stop_s",))] * 3)
+    plain, wide = (predict(s, 16, False, noise=0.03) for s in (measured, guessed))
+    assert wide.samples_per_s == plain.samples_per_s
+    at = [samples_per_s(dataclasses.replace(c, stop_s=c.stop_s * f), 16, False)[0]
+          for f in (th.WHATIF_ASSUMED_LOW, th.WHATIF_ASSUMED_HIGH)]
+    assert wide.low == pytest.approx(min(at) * 0.97) and wide.high == pytest.approx(max(at) * 1.03)
+    assert wide.low < 0.99 * plain.low and wide.high > 1.01 * plain.high
+    # Persistent workers never stop: the term is not in their formula, and their range stays as it was.
+    assert predict(guessed, 16, True, noise=0.03) == predict(measured, 16, True, noise=0.03)
+
+
+def test_nothing_assumed_leaves_the_range_to_the_quartiles_and_the_noise():
+    """With every term measured, the range is exactly the p75 and p25 costs' predictions and the noise."""
+    from gpufeed.analysis.whatif import Spread, predict
+    c = _costs()
+    p25, p75 = dataclasses.replace(c, cpu_s=0.050, stop_s=0.004), dataclasses.replace(c, cpu_s=0.060, stop_s=0.008)
+    p = predict(Spread(p25, c, p75), 16, False, noise=0.05)
+    value = samples_per_s(c, 16, False)[0]
+    assert p.samples_per_s == value
+    assert p.low == min(samples_per_s(p75, 16, False)[0], value) * (1 - 0.05)
+    assert p.high == max(samples_per_s(p25, 16, False)[0], value) * (1 + 0.05)
+    # A term assumed 0 (no copy-on-write measured) cannot be widened by a multiple: named, range unmoved.
+    zero = Spread(*(dataclasses.replace(x, cow_s=0.0, assumed=("cow_s",)) for x in (p25, c, p75)))
+    assert predict(zero, 16, False, noise=0.05) == p
+
+
+def test_the_terms_a_run_did_not_measure_are_named_in_the_json_and_the_block(tmp_path):
+    """Without workers the run shows no hand-off (h), no receive of a ready batch (r) and no workers
+    stopping (z): defaults stand in, named; persistent workers show h and r, not z."""
+    w0 = run(tmp_path / "w0", CPU_BOUND)
+    assert {"handoff_s", "receive_s", "stop_s"} <= set(w0.costs.assumed)
+    assert json.loads(json.dumps(w0.to_dict()))["assumed"] == list(w0.costs.assumed)
+    persistent = run(tmp_path / "persistent", STORAGE)
+    assert "stop_s" in persistent.costs.assumed
+    assert "handoff_s" not in persistent.costs.assumed and "receive_s" not in persistent.costs.assumed
+    assert "assumed, not measured in this run: stop 6 ms/worker" in block_text(tmp_path / "block", STORAGE)
+    # Each prediction of the w0 run with workers has its range widened by the hand-off at least.
+    from gpufeed.analysis.whatif import Spread, predict
+    c = w0.costs
+    measured = Spread(*[dataclasses.replace(c, assumed=())] * 3)
+    assert predict(Spread(c, c, c), 4, True).low < predict(measured, 4, True).low

@@ -7,10 +7,11 @@ below the rank analysis (``analysis/ranks.py``), so that any of them can name th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from gpufeed.analysis.findings import Finding
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
+from gpufeed.analysis.whatif import Prediction, WhatIf
 from gpufeed.record.reader import RunRecord
 
 
@@ -19,11 +20,11 @@ class Context:
     record: RunRecord
     metrics: Metrics
     training: LoaderSummary | None   # the training loader (``metrics.pick_training``)
-    # The what-if model's answers (``whatif.WhatIf``: ``cannot_predict`` says why there are none), measured
-    # before the rules run, for a rule that sizes its advice from them; None where not measured.
-    what_if: Any = None
+    # The what-if model's answers (``cannot_predict`` says why there are none), measured before the rules
+    # run, for a rule that sizes its advice from them; None where not measured.
+    what_if: WhatIf | None = None
     # (your settings, the same on a machine no other program shares): ``whatif.quiet_machine``.
-    quiet: Any = None
+    quiet: tuple[Prediction, Prediction] | None = None
 
 
 Rule = Callable[[Context], Optional[Finding]]

@@ -1,15 +1,16 @@
 """Numbers about a run, computed from its record alone. The rules read these; so do the front ends.
 
+Longer than 450 lines because every part (steps, loader, host, GPU) fills the one ``Metrics`` below:
+the host and GPU parts can move to modules of their own once ``Metrics`` and ``LoaderSummary`` live in
+a module of their own (they would import it, and ``compute`` them: a cycle today). The time-span
+algebra it shares with the what-if model is in ``intervals.py``.
+
 The measured window (``steps.measurement_window``) opens at the request of the first step after
 warm-up and closes at the last delivery of the training loader (the loader the loop iterated most,
 ``pick_training``), over its one step series (``steps.py``). Throughput in that window is
 the smaller of what the loop consumed and what the workers produced: a window that opens while
 prepared batches wait in the loader would otherwise count them as if they were made in the window
 (docs/sources.md, "A measurement trap"). It is also checked against the loader's CPU-time bound.
-
-Longer than 400 lines because every part (steps, loader, host, GPU) fills the one ``Metrics`` below;
-the host and GPU parts can move to modules of their own once ``Metrics`` has one (it is being typed,
-``Metrics.ranks``, in the rules package's change).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import gpus_used
+from gpufeed.analysis.intervals import merge_spans, overlap, waited_before
 from gpufeed.analysis.loop import busiest_loop
 from gpufeed.analysis.offloaded import Offload, of_loader
 from gpufeed.analysis.rank_summary import RankSummary
@@ -330,10 +332,11 @@ def _step_metrics(m: Metrics, record: RunRecord, its: list[IteratorRecord],
     # spends that wait outside this loader's compute: it is taken out of the step's compute.
     # (Evaluation loaders' waits are not: an evaluation pass is taken out whole, see evaluation_pauses.)
     own = {it.key for it in its}
-    others = _wait_intervals([it for it in record.iterators
-                              if it.pid == its[0].pid and it.key not in own and it.role != schema.ROLE_EVAL])
+    others = StepRows.concat(it.steps for it in record.iterators
+                             if it.pid == its[0].pid and it.key not in own and it.role != schema.ROLE_EVAL)
     series = with_partners(StepSeries.from_steps(it.steps for it in its), list(partners))
-    other_wait = np.nan_to_num(_waited_before(others, series.next_request) - _waited_before(others, series.t_deliver))
+    other_wait = np.nan_to_num(waited_before(others.t_request, others.t_deliver, series.next_request)
+                               - waited_before(others.t_request, others.t_deliver, series.t_deliver))
     window = measurement_window(series, its, record.meta.warmup_steps)
     if window is None:
         return None
@@ -453,44 +456,6 @@ def evaluation_pauses(record: RunRecord, its: list[IteratorRecord], t0: float, t
         if b > a and not (k < len(requests) and requests[k] < b):
             spans.append((a, b))
     return merge_spans(spans)
-
-
-def overlap(start: np.ndarray, end: np.ndarray, spans) -> np.ndarray:
-    """How long each interval (start, end) overlaps the ``spans`` (pairs of start, end; few)."""
-    return sum((np.clip(np.minimum(end, b) - np.maximum(start, a), 0.0, None) for a, b in spans),
-               np.zeros(len(start)))
-
-
-def merge_spans(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The union of time spans, as disjoint spans in time order."""
-    merged: list[tuple[float, float]] = []
-    for a, b in sorted(spans):
-        if merged and a <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-        else:
-            merged.append((a, b))
-    return merged
-
-
-def _wait_intervals(its: list[IteratorRecord]) -> np.ndarray:
-    """(start, end, waited before start) of every next() of these iterators, sorted by start."""
-    steps = StepRows.concat(it.steps for it in its)
-    if not len(steps):
-        return np.empty((0, 3))
-    spans = np.column_stack([steps.t_request, steps.t_deliver])
-    spans = spans[np.argsort(spans[:, 0], kind="stable")]
-    before = np.concatenate([[0.0], np.cumsum(spans[:, 1] - spans[:, 0])[:-1]])
-    return np.column_stack([spans, before])
-
-
-def _waited_before(intervals: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Time spent inside ``intervals`` (from ``_wait_intervals``) before each time in ``t``."""
-    if not len(intervals):
-        return np.zeros(len(t))
-    k = np.searchsorted(intervals[:, 0], t, side="right") - 1
-    inside = np.clip(t - intervals[np.maximum(k, 0), 0], 0.0,
-                     intervals[np.maximum(k, 0), 1] - intervals[np.maximum(k, 0), 0])
-    return np.where(k >= 0, intervals[np.maximum(k, 0), 2] + inside, 0.0)
 
 
 def _ms(seconds: float | None) -> float | None:

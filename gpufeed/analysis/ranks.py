@@ -28,8 +28,8 @@ import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.gpus import process_gpus
-from gpufeed.analysis.metrics import (LoaderSummary, Metrics, compute, evaluation_pauses, marked_training, merge_spans,
-                                      pick_training)
+from gpufeed.analysis.intervals import merge_spans
+from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute, evaluation_pauses, marked_training, pick_training
 from gpufeed.analysis.rank_summary import RankSummary
 from gpufeed.analysis.steps import loader_steps
 from gpufeed.record import schema

@@ -1,6 +1,6 @@
 """The what-if model's best setting, predicted from one live decision period (docs/autotune.md).
 
-``gpufeed tune`` starts its climb from the setting the what-if model (``analysis/whatif.py``,
+``gpufeed tune`` starts its climb from the setting the what-if model (``analysis/whatif/``,
 docs/what-if.md) predicts fastest from the run of your configuration, when that setting measures
 faster. A live period carries what the model needs, per batch, read from the period's totals
 instead of a record:

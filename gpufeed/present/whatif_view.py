@@ -1,10 +1,11 @@
-"""The "what if" block: the model's predictions (analysis/whatif.py), each with its range."""
+"""The "what if" block: the model's predictions (analysis/whatif/), each with its range."""
 from __future__ import annotations
 
 from rich.console import Console, Group
 from rich.text import Text
 
-from gpufeed.analysis.whatif import Prediction, WhatIf
+from gpufeed import thresholds as th
+from gpufeed.analysis.whatif import Costs, Prediction, WhatIf
 
 
 def _line(p: Prediction, measured: float | None = None) -> Text:
@@ -12,6 +13,25 @@ def _line(p: Prediction, measured: float | None = None) -> Text:
     return Text.assemble(("   ", ""), (f"{p.label:<28}", "bold"),
                          f" {p.samples_per_s:>9,.0f} samples/s  ({p.low:,.0f}-{p.high:,.0f}; limit: {p.limit})",
                          (f"  {why}" if why else "", "dim"))
+
+
+# How the block names a cost the run did not measure (``Costs.assumed``), and its unit.
+_ASSUMED = {"handoff_s": ("hand-off", "ms/batch", 1), "spawn_s": ("spawn", "ms/worker", 0),
+            "stop_s": ("stop", "ms/worker", 0), "cow_s": ("copy-on-write", "ms/fork", 0),
+            "receive_s": ("receive", "ms/batch", 1), "spin_s": ("spin", "ms/step", 1)}
+
+
+def _assumed_line(c: Costs) -> Text | None:
+    """One line naming the costs this run did not measure: a default stands in, and the ranges cover it
+    at WHATIF_ASSUMED_LOW to _HIGH times its value (docs/what-if.md, "Uncertainty")."""
+    if not c.assumed:
+        return None
+    named = []
+    for term in c.assumed:
+        name, unit, digits = _ASSUMED.get(term, (term, "ms", 1))
+        named.append(f"{name} {getattr(c, term) * 1e3:.{digits}f} {unit}")
+    return Text(f"   assumed, not measured in this run: {', '.join(named)} (ranges cover "
+                f"{th.WHATIF_ASSUMED_LOW:g}-{th.WHATIF_ASSUMED_HIGH:g}x of each)", style="dim")
 
 
 def what_if_block(w: WhatIf | None) -> Group | None:
@@ -30,6 +50,9 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                            if c.spin_s >= 5e-5 else "")  # what .1f would print as 0.0: none
                         + (f"; each fork of workers costs its step {c.cow_s * 1e3:.0f} ms (copy-on-write)"
                            if c.cow_s >= 5e-4 else ""), style="dim")]
+    assumed = _assumed_line(c)
+    if assumed is not None:
+        lines.append(assumed)
     if c.ranks > 1:
         lines.append(Text(f"   {c.ranks} ranks share these {c.cores:g} cores, each with its own loader at the settings "
                           "below: samples/s are the job's (every rank's), from the costs of the rank that waited most",
