@@ -6,6 +6,7 @@ from typing import Any
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe, marked_training
+from gpufeed.analysis.whatif.types import WhatIf
 
 HIGH, MEDIUM, LOW, INFO = "high", "medium", "low", "info"
 SEVERITY_ORDER = {HIGH: 0, MEDIUM: 1, LOW: 2, INFO: 3}
@@ -65,7 +66,7 @@ class Diagnosis:
     run_dirs: list[str] = field(default_factory=list)  # a job merged from several nodes: all its runs
     # The wall time split by BOTTLENECKS (shares; None where not measured): the headline's numbers.
     costs: dict[str, float | None] = field(default_factory=dict)
-    what_if: Any = None              # analysis.whatif.WhatIf: predictions for other settings
+    what_if: WhatIf | None = None    # predictions for other settings
     # TensorFlow's bands of the input pipeline's share: "highly" (>= 20%), "moderately" (5-20%), "not".
     input_bound: str | None = None
     not_measured: str | None = None  # why there is no verdict (then ``bottleneck`` is None)
