@@ -217,6 +217,24 @@ def test_the_what_if_models_best_from_a_live_period(user, period, best):
     assert p.facts(2, 300).what_if.best == model.best  # what the search reads as the run's diagnosis
 
 
+def test_a_live_periods_facts_have_what_the_search_reads_of_a_diagnosis(monkeypatch):
+    import typing
+    from gpufeed.analysis.metrics import Metrics
+    from gpufeed.analysis.rules.facts import input_bound, workers_asleep, workers_multithreaded
+    from gpufeed.autotune import model
+    read = typing.get_type_hints(model.SearchMetrics)
+    # the protocol names fields of the diagnosis's metrics, with their types, and a live period has them all
+    assert {name: typing.get_type_hints(Metrics)[name] for name in read} == read
+    assert typing.get_type_hints(model.LiveMetrics) == read
+    p = _period(LoaderSettings(num_workers=2, prefetch_factor=2), 300, 10.0, 0.5, 0.05, 0.9)
+    for cuda in (False, True):
+        monkeypatch.setattr(model, "_cuda_used", lambda: cuda)
+        facts = p.facts(2, 300)
+        m = facts.metrics
+        assert (m.cuda_used, m.cpu_count, m.data_wait_share, m.gpu_idle_share, m.worker_torch_threads) == (cuda, 2, 0.5, None, None)
+        assert input_bound(m) is True and workers_asleep(m) is False and workers_multithreaded(m) is False
+
+
 def test_no_prediction_without_the_pools_cpu():
     p = _period(LoaderSettings(num_workers=2, prefetch_factor=2), 300, 10.0, 0.5, 0.05, None)
     assert live_what_if(p, cpu_count=2, batches_per_epoch=300, cuda=False).cannot_predict

@@ -21,7 +21,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpufeed"
 # Lowest first. A name stands for the module or package of that name and everything below it.
 LAYERS: list[list[str]] = [
     ["gpufeed.defaults"],                                    # the defaults of the settings
-    ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds", "gpufeed.settings"],
+    ["gpufeed._version", "gpufeed.units", "gpufeed.thresholds", "gpufeed.settings",
+     "gpufeed.ranks_env"],                                   # who this process is under a launcher
     ["gpufeed.record"],
     ["gpufeed.measure"],                                     # the package itself (a docstring)
     ["gpufeed.measure.inside", "gpufeed.measure.outside"],   # inside the training process; outside it

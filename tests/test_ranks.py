@@ -189,7 +189,7 @@ def test_the_same_directory_twice_is_refused(tmp_path):
 
 
 def test_rank_from_the_environment_of_other_launchers(monkeypatch):
-    from gpufeed.measure.inside import lifecycle as probe
+    from gpufeed import ranks_env as probe
     for name in probe.RANK_ENV + probe.WORLD_SIZE_ENV:
         monkeypatch.delenv(name, raising=False)
     assert probe.env_int(*probe.RANK_ENV) is None                 # no launcher: no rank

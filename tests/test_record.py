@@ -78,3 +78,27 @@ def test_nothing_usable_is_refused(tmp_path):
     (run / schema.SAMPLES_FILE).write_text('{"t": "soon"}\n')
     with pytest.raises(RecordError, match="nothing usable"):
         load_run(run)
+
+
+def test_sample_rows_are_read_by_the_schemas_column_names(tmp_path):
+    from gpufeed.record.rows import OtherRow, ProcRow
+    record = load_run(write_run(tmp_path / "run", Scenario(others=[[4242, "backup", 1.5]])))
+    main = next(row for row in record.samples.procs[-1] if row.pid == MAIN_PID)
+    assert isinstance(main, ProcRow) and main._fields == schema.PROC_COLUMNS
+    assert (main.ppid, main.threads, main.status, main.rss_b) == (1, 6, "running", 500 * 2**20)
+    assert {row.ppid for row in record.samples.procs[-1] if row.pid != MAIN_PID} == {MAIN_PID}  # the workers
+    other = record.samples.others[0][1][0]
+    assert isinstance(other, OtherRow) and other._fields == schema.OTHER_COLUMNS
+    assert (other.pid, other.name, other.cores) == (4242, "backup", 1.5)
+
+
+def test_a_short_or_long_process_row_reads_as_the_schemas_columns():
+    from gpufeed.record.rows import ProcRow
+    assert ProcRow.of([7, 1, 50.0]) == (7, 1, 50.0, None, None, None)
+    assert ProcRow.of([7, 1, 50.0, 2, "running", 10.0, "later"]).rss_b == 10.0
+
+
+def test_the_validators_column_types_follow_the_schema():
+    from gpufeed.record import validate
+    assert tuple(validate.PROC_TYPES) == schema.PROC_COLUMNS
+    assert tuple(validate.OTHER_TYPES) == schema.OTHER_COLUMNS

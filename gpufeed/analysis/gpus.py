@@ -28,7 +28,7 @@ def gpus_used(record: RunRecord) -> tuple[list[int], str | None]:
     gpus = record.samples.gpus
     if not gpus:
         return [], None
-    tree = {int(row[0]) for procs in record.samples.procs for row in procs}
+    tree = {int(row.pid) for procs in record.samples.procs for row in procs}
     by_process = sorted({idx for per_gpu in record.samples.gpu_procs for idx, pids in per_gpu.items()
                          if tree & set(pids)})
     if by_process:

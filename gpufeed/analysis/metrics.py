@@ -561,7 +561,7 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
     m.mem_used_max_b = float(np.nanmax(s.mem_used_b[mask])) if np.isfinite(s.mem_used_b[mask]).any() else None
     m.mem_total_b = s.mem_total_b if math.isfinite(s.mem_total_b) else None
 
-    tree_cores = [sum(row[2] or 0.0 for row in s.procs[i]) / 100.0 for i in np.flatnonzero(mask) if s.procs[i]]
+    tree_cores = [sum(row.cpu_pct or 0.0 for row in s.procs[i]) / 100.0 for i in np.flatnonzero(mask) if s.procs[i]]
     m.cpu_cores_command = float(np.mean(tree_cores)) if tree_cores else None
     m.other_programs = _other_programs(record, window)
     if allowed.capacity < len(cores) and m.cpu_cores_command is not None:
@@ -578,12 +578,12 @@ def _host_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tr
     states, threads, rss, cores_full = [], [], [], []
     for i in np.flatnonzero(mask):
         idle = len(cores) - float(np.nansum(s.cpu_pct[i, cores])) / 100.0
-        for pid, _ppid, _cpu, n_threads, status, rss_b in (row[:6] for row in s.procs[i]):
-            if pid in workers:
-                threads.append(n_threads)
-                rss.append(rss_b)
-                if _inside_a_fetch(fetching.get(pid), s.t[i]):
-                    states.append(status)
+        for row in s.procs[i]:
+            if row.pid in workers:
+                threads.append(row.threads)
+                rss.append(row.rss_b)
+                if _inside_a_fetch(fetching.get(row.pid), s.t[i]):
+                    states.append(row.status)
                     cores_full.append(idle < th.WHATIF_CONTENDED_IDLE_CORES)
     if states:
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
@@ -603,9 +603,9 @@ def _other_programs(record: RunRecord, window: tuple[float, float]) -> list[dict
     cores: dict[int, float] = {}
     names: dict[int, str] = {}
     for rows in readings:
-        for pid, name, used in rows:
-            cores[pid] = cores.get(pid, 0.0) + used
-            names[pid] = name
+        for row in rows:
+            cores[row.pid] = cores.get(row.pid, 0.0) + row.cores
+            names[row.pid] = row.name
     programs = [{"pid": pid, "name": names[pid], "cores": total / len(readings)} for pid, total in cores.items()]
     return sorted((p for p in programs if p["cores"] >= th.OTHER_PROGRAM_MIN_CORES), key=lambda p: -p["cores"])
 
@@ -622,8 +622,8 @@ def _in_process_running_share(m: Metrics, record: RunRecord, mask: np.ndarray, t
     inside_next = _made_in_next(StepRows.concat(it.steps for it in its))
     inside_next = inside_next[np.argsort(inside_next.t_start)]
     s = record.samples
-    states = [row[4] for i in np.flatnonzero(mask) for row in s.procs[i]
-              if row[0] == training.pid and _inside_a_fetch(inside_next, s.t[i])]
+    states = [row.status for i in np.flatnonzero(mask) for row in s.procs[i]
+              if row.pid == training.pid and _inside_a_fetch(inside_next, s.t[i])]
     if states:
         m.worker_running_share = sum(st == RUNNING for st in states) / len(states)
         m.worker_state_readings = len(states)

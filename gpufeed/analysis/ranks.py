@@ -104,7 +104,8 @@ def _measure_rank(record: RunRecord, loaders: list[LoaderSummary], loader: Loade
     )
     summary.window_start_t, summary.window_end_t = m.window_start_t, m.window_end_t
     if reported is not None:
-        summary.exit_code, summary.exit_code_source = reported[1], "launcher"
+        _rank, exit_code, _first = reported
+        summary.exit_code, summary.exit_code_source = exit_code, "launcher"
     elif ended.get("exit_code") is not None:
         summary.exit_code, summary.exit_code_source = ended["exit_code"], "process"
     return _Rank(summary, m, loader, step_times, util)
@@ -144,7 +145,7 @@ def _gpu_util(record: RunRecord, pid: int, local_rank: int | None, m: Metrics) -
 
 
 def _tree_pids(record: RunRecord) -> set[int]:
-    return {int(row[0]) for procs in record.samples.procs for row in procs}
+    return {int(row.pid) for procs in record.samples.procs for row in procs}
 
 
 def _fill_sync_wait(ranks: list[_Rank]) -> None:

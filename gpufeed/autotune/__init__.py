@@ -15,9 +15,10 @@ every sample delivered exactly once, in the order of a plain run (docs/autotune.
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any, Callable
+
+from gpufeed import ranks_env
 
 __all__ = ["autotune", "distributed_refusal"]
 
@@ -25,11 +26,11 @@ __all__ = ["autotune", "distributed_refusal"]
 def distributed_refusal() -> str | None:
     """Why autotune cannot run in this process, or None: under torchrun (or any launcher with
     several ranks) every rank would have to switch at the same step with the same settings."""
-    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        value = os.environ.get(name, "")
-        if value.isdigit() and int(value) > 1:
-            return (f"autotune is off: this job has {value} ranks ({name}), and gpufeed cannot yet make every "
-                    "rank switch at the same step through the job's store, so the loader keeps your settings.")
+    found = ranks_env.world_size_var()
+    if found is not None and found[1] > 1:
+        name, ranks = found
+        return (f"autotune is off: this job has {ranks} ranks ({name}), and gpufeed cannot yet make every "
+                "rank switch at the same step through the job's store, so the loader keeps your settings.")
     return None
 
 

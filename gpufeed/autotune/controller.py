@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
-from gpufeed.autotune.model import live_what_if
+from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
 from gpufeed.settings import random_stream_note
 from gpufeed.tune.result import FAILED, OK, TrialRun
@@ -91,59 +91,6 @@ class _Window:
     def done(self, min_batches: int) -> bool:
         return (self.t_last is not None and self.batches >= min_batches
                 and self.t_last - self.t0 >= self.period_s)
-
-
-@dataclass
-class Period:
-    """What one decision period measured."""
-
-    settings: LoaderSettings
-    samples_per_s: float
-    wait_share: float
-    worker_busy: float | None     # the workers' CPU time over their wall time (1.0: always on a core)
-    elapsed_s: float
-    batches: int
-    startup_share: float = 0.0    # of the wall time, waiting for a new epoch's pool to start
-    cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
-    main_cores: float | None = None  # the training process's CPU over the wall time
-    host_busy_cores: float | None = None  # every program's CPU on the host over the wall time (/proc/stat)
-    # the training process's CPU outside next() (its compute: from each delivery to the next
-    # request) over the wall time; what its threads spend while the loop waits inside next()
-    # (spinning, polling) is not a cost per batch, it shrinks with the wait
-    compute_cores: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"settings": self.settings.to_dict(), "label": self.settings.label(),
-                "samples_per_s": round(self.samples_per_s, 3), "wait_share": round(self.wait_share, 4),
-                "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
-                "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
-                "startup_share": round(self.startup_share, 4),
-                "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
-                "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
-                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
-                "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3)}
-
-    def facts(self, cpu_count: int, batches_per_epoch: float | None = None, max_workers: int | None = None) -> "_LiveFacts":
-        """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``), with the
-        what-if model's best setting predicted from this period (``model.py``)."""
-        cuda = _cuda_used()
-        metrics = _LiveFacts(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
-                             # CPU over wall time per worker: a lower bound of CPU over fetch time
-                             worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
-                             cpu_count=cpu_count, cuda_used=cuda)
-        what_if = live_what_if(self, cpu_count, batches_per_epoch, cuda, max_workers)
-        return _LiveFacts(metrics=metrics, what_if=what_if, finding=lambda name: None)
-
-
-class _LiveFacts:
-    """A trial's facts from one live period, read by ``Search`` where it reads a diagnosis: what a
-    period cannot measure (GPU idle time, thread counts, the what-if model) reads as None (N/A)."""
-
-    def __init__(self, **known: Any) -> None:
-        self.__dict__.update(known)
-
-    def __getattr__(self, name: str) -> Any:
-        return None
 
 
 class Controller:
@@ -380,12 +327,6 @@ class Controller:
                 self._log("autotune", **line)
             except Exception:
                 pass
-
-
-def _cuda_used() -> bool:
-    import sys
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def _batches_per_epoch(loader: Any) -> float | None:

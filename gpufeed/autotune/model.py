@@ -1,4 +1,4 @@
-"""The what-if model's best setting, predicted from one live decision period (docs/autotune.md).
+"""A live decision period, and the what-if model's best setting predicted from it (docs/autotune.md).
 
 ``gpufeed tune`` starts its climb from the setting the what-if model (``analysis/whatif/``,
 docs/what-if.md) predicts fastest from the run of your configuration, when that setting measures
@@ -22,12 +22,116 @@ ties persistent and non-persistent workers, and the search's own fixes decide pe
 """
 from __future__ import annotations
 
-from typing import Any
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.whatif import Costs, WhatIf, best_of
+from gpufeed.settings import LoaderSettings
 
-Period = Any  # controller.Period (the controller imports this module)
+
+@dataclass
+class Period:
+    """What one decision period measured (``controller.py`` measures it)."""
+
+    settings: LoaderSettings
+    samples_per_s: float
+    wait_share: float
+    worker_busy: float | None     # the workers' CPU time over their wall time (1.0: always on a core)
+    elapsed_s: float
+    batches: int
+    startup_share: float = 0.0    # of the wall time, waiting for a new epoch's pool to start
+    cores_used: float | None = None  # the training process's and its workers' CPU over the wall time
+    main_cores: float | None = None  # the training process's CPU over the wall time
+    host_busy_cores: float | None = None  # every program's CPU on the host over the wall time (/proc/stat)
+    # the training process's CPU outside next() (its compute: from each delivery to the next
+    # request) over the wall time; what its threads spend while the loop waits inside next()
+    # (spinning, polling) is not a cost per batch, it shrinks with the wait
+    compute_cores: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": self.settings.to_dict(), "label": self.settings.label(),
+                "samples_per_s": round(self.samples_per_s, 3), "wait_share": round(self.wait_share, 4),
+                "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
+                "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
+                "startup_share": round(self.startup_share, 4),
+                "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
+                "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
+                "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
+                "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3)}
+
+    def facts(self, cpu_count: int, batches_per_epoch: float | None = None,
+              max_workers: int | None = None) -> "LiveFacts":
+        """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``), with the
+        what-if model's best setting predicted from this period."""
+        cuda = _cuda_used()
+        metrics = LiveMetrics(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
+                              # CPU over wall time per worker: a lower bound of CPU over fetch time
+                              worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
+                              cpu_count=cpu_count, cuda_used=cuda)
+        return LiveFacts(metrics=metrics, what_if=live_what_if(self, cpu_count, batches_per_epoch, cuda, max_workers))
+
+
+class SearchMetrics(Protocol):
+    """What ``Search`` (``tune/search.py``) reads of a trial's metrics, itself or through the facts it
+    steers by (``analysis/rules/facts.py``: ``input_bound``, ``workers_asleep``,
+    ``workers_multithreaded``). ``analysis.metrics.Metrics`` has them all; None is not measured."""
+
+    data_wait_share: float | None
+    gpu_idle_share: float | None
+    startup_in_iter_share: float | None
+    fork_step_share: float | None
+    restart_wait_share: float | None
+    worker_startup_share: float | None
+    worker_fetch_cpu_ratio: float | None
+    worker_running_share: float | None
+    worker_torch_threads: int | None
+    cpu_cores_command: float | None
+    cpu_count: int
+    cuda_used: bool
+
+
+class SearchFacts(Protocol):
+    """What ``Search`` reads of a trial's diagnosis (``analysis.findings.Diagnosis`` has both)."""
+
+    @property
+    def metrics(self) -> SearchMetrics: ...
+
+    @property
+    def what_if(self) -> WhatIf | None: ...
+
+
+@dataclass
+class LiveMetrics:
+    """A live period's ``SearchMetrics``: what a period cannot measure (GPU idle time, restarts, the
+    workers' states and threads) is None (N/A)."""
+
+    data_wait_share: float | None
+    worker_startup_share: float | None
+    worker_fetch_cpu_ratio: float | None
+    cpu_cores_command: float | None
+    cpu_count: int
+    cuda_used: bool
+    gpu_idle_share: float | None = None
+    startup_in_iter_share: float | None = None
+    fork_step_share: float | None = None
+    restart_wait_share: float | None = None
+    worker_running_share: float | None = None
+    worker_torch_threads: int | None = None
+
+
+@dataclass
+class LiveFacts:
+    """A trial's facts from one live period, read by ``Search`` where it reads a diagnosis."""
+
+    metrics: LiveMetrics
+    what_if: WhatIf
+
+
+def _cuda_used() -> bool:
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
 def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, cuda: bool) -> Costs | None:

@@ -128,7 +128,7 @@ class BatchTrials(TrialRunner):
             return peaks["cuda_mem_reserved_peak_b"]
         if "rss_peak_b" in peaks:
             return peaks["rss_peak_b"]
-        sampled = [row[5] for procs in record.samples.procs for row in procs if row[0] == pid and row[5]]
+        sampled = [row.rss_b for procs in record.samples.procs for row in procs if row.pid == pid and row.rss_b]
         return max(sampled, default=None)  # no exit event: the sampler's 10 Hz maximum, a lower bound
 
     @staticmethod

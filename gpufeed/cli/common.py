@@ -22,8 +22,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterable
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from gpufeed.record import schema
 
@@ -40,6 +41,12 @@ EXIT_FOR_END = {schema.END_COMPLETED: EXIT_OK, schema.END_STEPS_REACHED: EXIT_OK
 def say_error(message: str) -> None:
     """One clear sentence on standard error (standard output stays the diagnosis)."""
     Console(stderr=True).print(f"gpufeed: {message}", style="bold red", highlight=False, soft_wrap=True)
+
+
+def print_all(console: Console, renderables: Iterable[RenderableType]) -> None:
+    """A presenter's view (``present/``: a list of renderables), printed one after another."""
+    for part in renderables:
+        console.print(part)
 
 
 def stdout_console() -> Console:

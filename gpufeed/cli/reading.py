@@ -7,12 +7,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpufeed.cli.common import EXIT_BAD_RECORD, EXIT_OK, EXIT_USAGE, say_error, write_json, write_tensorboard
+from gpufeed.cli.common import (EXIT_BAD_RECORD, EXIT_OK, EXIT_USAGE, print_all, say_error, write_json,
+                                write_tensorboard)
 from gpufeed.record.layout import TRIALS_DIR
 
 def analyze(args: argparse.Namespace, console: Console) -> int:
     from gpufeed.analysis import analyze_record
-    from gpufeed.present.terminal import render
+    from gpufeed.present.terminal import diagnosis_view
     from gpufeed.record.merge import load_runs
     from gpufeed.record.reader import RecordError
 
@@ -22,7 +23,7 @@ def analyze(args: argparse.Namespace, console: Console) -> int:
         say_error(_trials_hint(args.run_dir) or str(error))
         return EXIT_BAD_RECORD
     diagnosis = analyze_record(record)
-    render(diagnosis, console)
+    print_all(console, diagnosis_view(diagnosis))
     write_json(diagnosis, args.json, console)
     write_tensorboard(record, args.tensorboard, console)
     return EXIT_OK
@@ -30,7 +31,7 @@ def analyze(args: argparse.Namespace, console: Console) -> int:
 
 def what_if(args: argparse.Namespace, console: Console) -> int:
     from gpufeed.analysis.whatif import answer_run
-    from gpufeed.present.whatif_view import render_what_if
+    from gpufeed.present.whatif_view import what_if_view
     from gpufeed.record.reader import RecordError
 
     try:
@@ -39,7 +40,7 @@ def what_if(args: argparse.Namespace, console: Console) -> int:
     except RecordError as error:
         say_error(str(error))
         return EXIT_BAD_RECORD
-    render_what_if(result, console)
+    print_all(console, what_if_view(result))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_dict(), indent=2) + "\n")

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from gpufeed.cli.common import (EXIT_COMMAND_FAILED, EXIT_FOR_END, EXIT_INTERNAL, EXIT_INTERRUPTED,
                                 EXIT_NO_BATCH_SIZE, EXIT_NOT_STARTED, EXIT_NOTHING_TO_TUNE, EXIT_OK, EXIT_TERMINATED,
-                                EXIT_USAGE, dir_problem, say_error, say_note, write_json,
+                                EXIT_USAGE, dir_problem, print_all, say_error, say_note, write_json,
                                 write_report_option, write_tensorboard)
 from gpufeed.record import schema
 
@@ -40,7 +40,7 @@ def diagnose(command: list[str], args: argparse.Namespace, console: Console) -> 
 def _run_and_diagnose(options, args: argparse.Namespace, console: Console) -> int:
     from gpufeed.analysis import analyze
     from gpufeed.measure.runner import CommandNotStarted, RunDirInUse, run_command
-    from gpufeed.present.terminal import render
+    from gpufeed.present.terminal import diagnosis_view
 
     exporter = None
     if getattr(args, "prometheus", None):
@@ -64,7 +64,7 @@ def _run_and_diagnose(options, args: argparse.Namespace, console: Console) -> in
         say_error(f"the analysis failed ({type(error).__name__}: {error}); the run record is kept in "
                f"{result.run_dir}.")
         return EXIT_INTERNAL
-    render(diagnosis, console)
+    print_all(console, diagnosis_view(diagnosis))
     write_json(diagnosis, args.json, console)
     write_report_option(result.run_dir, args.report, console)
     write_tensorboard(result.run_dir, getattr(args, "tensorboard", None), console)
@@ -74,7 +74,7 @@ def _run_and_diagnose(options, args: argparse.Namespace, console: Console) -> in
 
 
 def tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
-    from gpufeed.present.tune_view import TrialProgress, render_tune
+    from gpufeed.present.tune_view import TrialProgress, tune_view
     from gpufeed.tune import BaselineFailed, NoDataLoader, TuneOptions, tune_command
     from gpufeed.tune.command import TUNE_FILE, NotTunable
 
@@ -95,7 +95,7 @@ def tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
     except BaselineFailed as error:
         say_error(str(error))
         return EXIT_COMMAND_FAILED
-    render_tune(result, console, out)
+    print_all(console, tune_view(result, out))
     _copy_result(out / TUNE_FILE, args.json, console)
     write_report_option(out, args.report, console)
     return EXIT_INTERRUPTED if result.stopped == schema.END_INTERRUPTED else EXIT_OK
@@ -105,7 +105,7 @@ def batch_size(command: list[str], args: argparse.Namespace, console: Console) -
     from gpufeed.batchsize import (RESULT_FILE, BatchSizeOptions, NoTrainingLoader, NothingFits, NotOverridable,
                                    YourBatchFailed, find_batch_size)
     from gpufeed.measure.runner import CommandNotStarted, RunDirInUse
-    from gpufeed.present.batch_size_view import TrialLines, render_batch_size
+    from gpufeed.present.batch_size_view import TrialLines, batch_size_view
 
     out = _result_dir(args.out, "batch-size", command, RESULT_FILE)
     if out is None:
@@ -132,7 +132,7 @@ def batch_size(command: list[str], args: argparse.Namespace, console: Console) -
     except YourBatchFailed as error:
         say_error(f"{str(error).rstrip('.')} (trials: {out}).")
         return EXIT_COMMAND_FAILED
-    render_batch_size(result, console, out)
+    print_all(console, batch_size_view(result, out))
     _copy_result(out / RESULT_FILE, args.json, console)
     write_report_option(out, args.report, console)
     return EXIT_INTERRUPTED if result.stopped == schema.END_INTERRUPTED else EXIT_OK

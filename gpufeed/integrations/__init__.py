@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpufeed import ranks_env
 from gpufeed import thresholds as th
 from gpufeed.record import schema
 from gpufeed.units import fmt
@@ -43,8 +44,8 @@ class FitSession:
             return None
         from gpufeed.record.layout import default_run_dir
         out = Path(self.out) if self.out is not None else default_run_dir(sys.argv[:1] or ["python"])
-        rank = os.environ.get("RANK")
-        if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
+        rank = ranks_env.rank()
+        if rank is not None and (ranks_env.world_size() or 1) != 1:
             out = out / f"rank{rank}"  # one record per rank (gpufeed analyze DIR/rank* merges them)
         self.profiler = Profiler(out, warmup_steps=self.warmup_steps)
         run_dir = self.profiler.start()

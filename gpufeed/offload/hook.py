@@ -17,6 +17,7 @@ import statistics
 import sys
 from typing import Any
 
+from gpufeed import ranks_env
 from gpufeed.measure.inside import dataloader_hook, roles
 from gpufeed.offload.errors import OffloadError
 from gpufeed.settings import OffloadSettings
@@ -37,8 +38,7 @@ def install_from_env() -> None:
         return
     refusal = distributed_refusal(settings)
     if refusal is not None:
-        from gpufeed.measure.inside.lifecycle import RANK_ENV, env_int
-        if not env_int(*RANK_ENV):  # said once, by rank 0
+        if not ranks_env.rank():  # said once, by rank 0
             sys.stderr.write(f"gpufeed: {refusal}\n")
         return
     install(settings)
@@ -46,8 +46,7 @@ def install_from_env() -> None:
 
 def ranks() -> int:
     """The ranks of this job (torchrun, SLURM, MPI), 1 for a single process."""
-    from gpufeed.measure.inside.lifecycle import WORLD_SIZE_ENV, env_int
-    return max(env_int(*WORLD_SIZE_ENV) or 1, 1)
+    return max(ranks_env.world_size() or 1, 1)
 
 
 def distributed_refusal(settings: OffloadSettings) -> str | None:
@@ -152,8 +151,7 @@ class _Offload(dataloader_hook.Provider):
         # Registered now, after the probe's and Ray's own: it runs before them at exit.
         atexit.register(self.close)
         nodes = self.pool_info["nodes"]
-        from gpufeed.measure.inside.lifecycle import RANK_ENV, env_int
-        rank = f"rank {env_int(*RANK_ENV)}: " if ranks() > 1 else ""
+        rank = f"rank {ranks_env.rank()}: " if ranks() > 1 else ""
         self.note(f"{rank}the training DataLoader's batches are made by {len(nodes)} Ray workers on "
                   f"{len(set(nodes))} node{'s' if len(set(nodes)) != 1 else ''} of {self.settings.where()}")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -31,7 +31,9 @@ class TrialLines:
         self.console.print(text, highlight=False)
 
 
-def render_batch_size(result: BatchSizeResult, console: Console, out_dir: Path | None = None) -> None:
+def batch_size_view(result: BatchSizeResult, out_dir: Path | None = None) -> list[RenderableType]:
+    """``gpufeed batch-size``'s answer, to print one after another."""
+    out: list[RenderableType] = []
     table = Table(title="Trials", title_justify="left", header_style="bold")
     for column, justify in (("batch", "right"), ("status", "left"), ("peak memory", "right"),
                             ("of capacity", "right"), ("samples/s", "right"), ("why tried / why not", "left")):
@@ -43,41 +45,45 @@ def render_batch_size(result: BatchSizeResult, console: Console, out_dir: Path |
         table.add_row(f"{t.batch_size}{marks}", Text(t.status, style="green" if t.status == OK else "red"),
                       human_bytes(t.peak_mem_b), fmt(share, ".0%"), fmt(t.samples_per_s, ",.0f"),
                       Text(t.why if t.fits else (t.reason or t.why), style="dim" if t.fits else "red"))
-    console.print(table)
+    out.append(table)
     capacity = (f"{human_bytes(result.capacity_b)} ({'GPU memory' if result.device == 'cuda' else 'memory budget'})")
-    console.print(f"Capacity {capacity}, target {result.target_share:.0%}: {human_bytes(result.limit_b)}",
-                  highlight=False)
+    out.append(_unhighlighted(f"Capacity {capacity}, target {result.target_share:.0%}: {human_bytes(result.limit_b)}"))
     fit = result.fit
     if fit is not None:
         line = (f"Fit: memory = {human_bytes(fit.intercept_b)} + {human_bytes(fit.per_sample_b)} × batch "
                 f"(R² {fit.r2:.3f} over {fit.points} sizes)")
         if not fit.linear and fit.points >= 3:
             line += ": not linear in the batch size, so the answer comes from a bisection on measured trials"
-        console.print(line, highlight=False)
+        out.append(_unhighlighted(line))
     safe = result.trial(result.largest_safe)
     if safe is None:
-        console.print(Text("No batch size fitted.", style="bold red"))
+        out.append(Text("No batch size fitted.", style="bold red"))
     else:
         predicted = f"; the fit predicts {result.predicted}" if result.predicted is not None else ""
-        console.print(Text.assemble(("Largest safe batch: ", "bold"), (str(safe.batch_size), "bold magenta"),
-                                    f"  (verified: peak {human_bytes(safe.peak_mem_b)}, "
-                                    f"{fmt(safe.samples_per_s, ',.0f')} samples/s{predicted}; "
-                                    f"yours is {result.yours})"))
+        out.append(Text.assemble(("Largest safe batch: ", "bold"), (str(safe.batch_size), "bold magenta"),
+                                 f"  (verified: peak {human_bytes(safe.peak_mem_b)}, "
+                                 f"{fmt(safe.samples_per_s, ',.0f')} samples/s{predicted}; "
+                                 f"yours is {result.yours})"))
     fastest = max((t for t in result.trials if t.fits and t.samples_per_s), key=lambda t: t.samples_per_s, default=None)
     if result.knee is not None and fastest is not None:
-        console.print(f"Knee: throughput stops improving at batch {result.knee} "
-                      f"(within {th.BATCH_KNEE_TOLERANCE:.0%} of the best, {fastest.samples_per_s:,.0f} samples/s "
-                      f"at batch {fastest.batch_size}): larger is not always faster.", highlight=False)
+        out.append(_unhighlighted(f"Knee: throughput stops improving at batch {result.knee} "
+                                  f"(within {th.BATCH_KNEE_TOLERANCE:.0%} of the best, {fastest.samples_per_s:,.0f} "
+                                  f"samples/s at batch {fastest.batch_size}): larger is not always faster."))
     if safe is not None:
         where = f" at {result.site}" if result.site else ""
-        console.print(Text.assemble(("Use: ", "bold green"), f"DataLoader(..., batch_size={safe.batch_size}){where}",
-                                    ("  and scale the learning rate with the batch (e.g. linearly, with warm-up)",
-                                     "dim")))
+        out.append(Text.assemble(("Use: ", "bold green"), f"DataLoader(..., batch_size={safe.batch_size}){where}",
+                                 ("  and scale the learning rate with the batch (e.g. linearly, with warm-up)",
+                                  "dim")))
         if result.knee is not None and result.knee < safe.batch_size:
-            console.print(f"     or batch_size={result.knee}: as fast on this machine, with less memory.",
-                          highlight=False)
+            out.append(_unhighlighted(f"     or batch_size={result.knee}: as fast on this machine, with less memory."))
     for note in result.notes:
-        console.print(Text(f"note: {note}", style="dim"))
-    console.print(Text(f"note: {count(len(result.trials), 'trial')}, {result.elapsed_s:.0f} s", style="dim"))
+        out.append(Text(f"note: {note}", style="dim"))
+    out.append(Text(f"note: {count(len(result.trials), 'trial')}, {result.elapsed_s:.0f} s", style="dim"))
     if out_dir is not None:
-        console.print(Text(f"Trials and their run records: {out_dir}", style="dim"))
+        out.append(Text(f"Trials and their run records: {out_dir}", style="dim"))
+    return out
+
+
+def _unhighlighted(text: str) -> Text:
+    """A line as ``console.print(text, highlight=False)`` shows it: markup read, numbers not coloured."""
+    return Text.from_markup(text)

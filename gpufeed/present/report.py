@@ -33,7 +33,8 @@ from gpufeed.analysis.offloaded import events_of, rates
 from gpufeed.present.autotune_view import said, settings_timeline
 from gpufeed.present.report_trials import BATCH_SIZE, TUNE, result_file, trials_section
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
-from gpufeed.present.terminal import costs_sentence, numbers_table
+from gpufeed.present.prose import FINDINGS_BY_TIME, costs_sentence
+from gpufeed.present.terminal import numbers_table
 from gpufeed.record import schema
 from gpufeed.record.reader import RecordError, RunRecord, SchemaTooNew, load_run
 from gpufeed.units import NA, fmt, human_bytes
@@ -47,6 +48,7 @@ GIB = 2.0**30
 _HERE = Path(__file__).parent
 _env = jinja2.Environment(loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True)
 _env.filters["costs_sentence"] = costs_sentence
+_env.globals["FINDINGS_BY_TIME"] = FINDINGS_BY_TIME
 
 
 def _num(value: Any) -> str:

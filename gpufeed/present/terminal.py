@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -11,10 +11,11 @@ from rich.text import Text
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics
 from gpufeed.analysis.offloaded import Offload
+from gpufeed.present.prose import (FINDINGS_BY_TIME, MEMORY_BY_BYTES, autotuned_sentence, cpus_sentence,
+                                   gpus_named, headline, offload_sentence, warmup_sentence)
 from gpufeed.present.whatif_view import what_if_block
 from gpufeed.units import NA, fmt, human_bytes, rate_fmt
 
-COMPUTE = "compute"
 SEVERITY_STYLE = {HIGH: "bold red", MEDIUM: "yellow", LOW: "cyan", INFO: "green"}
 
 
@@ -76,83 +77,6 @@ def numbers_table(d: Diagnosis) -> Table:
     return table
 
 
-def warmup_sentence(m: Metrics) -> str:
-    """"10 warm-up steps", or "10 warm-up steps and 5 more to start on an epoch's boundary"."""
-    asked = m.warmup_asked if m.warmup_asked is not None else m.warmup_steps
-    if m.warmup_steps > asked:
-        more = m.warmup_steps - asked
-        return f"{asked} warm-up steps and {more} more to start on an epoch's boundary"
-    return f"{m.warmup_steps} warm-up step{'s' if m.warmup_steps != 1 else ''}"
-
-
-def autotuned_sentence(m: Metrics) -> str:
-    """"autotuned from w1 p2 to w8 p4 persistent (6 switches) · ": --autotune changed the loader, and
-    the figures after it describe the settings it ended with."""
-    a = m.autotuned
-    if a is None:
-        return ""
-    if not a["switches"]:
-        return f"autotuned: kept {a['from']} (no switch) · "
-    return f"autotuned from {a['from']} to {a['to']} ({a['switches']} switch{'es' if a['switches'] > 1 else ''}) · "
-
-
-def offload_sentence(o: Offload) -> str:
-    """The diagnosis's line for an offloaded training loader: who made its batches, how fast they came."""
-    per_node = " + ".join(str(n) for n in o.by_node.values()) or NA
-    text = (f"{fmt(o.batches, 'd')} batches made by {o.described()} (per node: {per_node}) · latency p50 "
-            f"{fmt(o.latency_ms_p50, '.1f', ' ms')} from send to delivery · {fmt(o.make_ms_p50, '.1f', ' ms')} "
-            f"({fmt(o.make_cpu_ms_p50, '.1f', ' ms')} CPU) a batch in its worker · {fmt(o.resent, 'd')} sent again, "
-            f"{fmt(o.workers_lost, 'd')} workers lost")
-    if o.fell_back:
-        text += f" · fell back to local workers: {o.fell_back}"
-    return text
-
-
-def gpus_named(m: Metrics) -> str:
-    """"GPU 1 (NVIDIA A10) · ": the GPUs the figures come from, by NVML index."""
-    if not m.gpu_indices:
-        return ""
-    names = ", ".join(f"GPU {i}" + (f" ({n})" if n else "") for i, n in zip(m.gpu_indices, m.gpu_names))
-    return f"{names} · "
-
-
-def headline(d: Diagnosis) -> str:
-    """"INPUT (45% of the time: highly input-bound); compute takes 55%": the loss that holds the
-    accelerator back and what the others cost, or why nothing could be judged."""
-    if d.bottleneck is None:
-        return f"NOT MEASURED: {d.not_measured or 'nothing was measured'}"
-    return d.bottleneck.upper() + costs_sentence(d)
-
-
-def costs_sentence(d: Diagnosis) -> str:
-    """" (45% of the time: highly input-bound); compute takes 55%": the bottleneck's share and the
-    others' (where measured), with the input pipeline's band beside its share."""
-    if d.bottleneck is None:
-        return f": {d.not_measured}" if d.not_measured else ""
-
-    def band(kind: str) -> str:
-        return f": {d.input_bound} input-bound" if kind in ("input", "compute") and d.input_bound else ""
-
-    share = d.costs.get(d.bottleneck)
-    head = f" ({share:.0%} of the time{band(d.bottleneck)})" if share is not None else ""
-    rest = [f"{kind} {'takes' if kind == 'compute' else 'costs'} {v:.0%}"
-            + (f" ({d.input_bound} input-bound)" if kind == "input" and d.input_bound and d.bottleneck != COMPUTE else "")
-            for kind, v in d.costs.items() if kind != d.bottleneck and v is not None and round(v, 2) > 0]
-    return "; ".join([head] + rest)
-
-
-def cpus_sentence(m: Metrics) -> str:
-    """"2 cores (per core: 95 90)", or for a job limited to fewer CPUs than the host
-    "1 core (core 3: 95) · CPU affinity: core 3; the host has 8"."""
-    cores = f"{m.cpu_count} core{'s' if m.cpu_count != 1 else ''}"
-    values = " ".join(f"{v:.0f}" for v in m.cpu_util_per_core_pct) or NA
-    if not m.cpu_limit:
-        return f"{cores} (per core: {values})"
-    named = " ".join(f"{c}:{v:.0f}" for c, v in zip(m.cpu_cores, m.cpu_util_per_core_pct)) or NA
-    label = f"core {named}" if len(m.cpu_cores) == 1 else f"per core {named}"
-    return f"{cores} ({label}) · {m.cpu_limit}"
-
-
 MAX_RANK_ROWS = 16  # a large job shows the ranks that wait for data most; the JSON has them all
 
 
@@ -211,36 +135,40 @@ def _evidence_value(v: Any) -> str:
     return str(v)
 
 
-def render(d: Diagnosis, console: Console | None = None) -> None:
-    console = console or Console()
+def diagnosis_view(d: Diagnosis) -> list[RenderableType]:
+    """The summary of a diagnosis, to print one after another (``gpufeed diagnose``, ``analyze``)."""
     run = d.run
     status_style = "green" if run.get("end_reason") in ("completed", "steps_reached") else "bold red"
-    console.print(Text.assemble(("gpufeed ", "bold"), ("· ", "dim"), " ".join(run.get("command") or [])))
+    out: list[RenderableType] = [Text.assemble(("gpufeed ", "bold"), ("· ", "dim"), " ".join(run.get("command") or []))]
     if run.get("message"):
-        console.print(Text(run["message"], style=status_style))
-    console.print(Text.assemble(("Bottleneck: ", "bold"), (headline(d), "bold magenta")))
-    console.print(Panel(numbers_table(d), title="measured", title_align="left", expand=False))
+        out.append(Text(run["message"], style=status_style))
+    out.append(Text.assemble(("Bottleneck: ", "bold"), (headline(d), "bold magenta")))
+    out.append(Panel(numbers_table(d), title="measured", title_align="left", expand=False))
     if len(d.metrics.ranks) > 1:
         focus = f" (above: rank {d.metrics.focus_rank}'s; throughput: the job's)" \
             if d.metrics.focus_rank is not None else " (throughput above: the job's)"
-        console.print(Panel(ranks_table(d), title=f"{len(d.metrics.ranks)} ranks{focus}", title_align="left",
-                            expand=False))
+        out.append(Panel(ranks_table(d), title=f"{len(d.metrics.ranks)} ranks{focus}", title_align="left",
+                         expand=False))
     timed = [f for f in d.findings if f.group == "time"]
     memory = [f for f in d.findings if f.group != "time"]
     if timed:
-        console.print(Text("Findings, ranked by the time they cost:", style="bold"))
-        for i, f in enumerate(timed, 1):
-            console.print(finding_block(i, f))
+        out.append(Text(f"{FINDINGS_BY_TIME}:", style="bold"))
+        out += [finding_block(i, f) for i, f in enumerate(timed, 1)]
     if memory:
-        console.print(Text("Memory, ranked by the bytes it holds:", style="bold"))
-        for i, f in enumerate(memory, len(timed) + 1):
-            console.print(finding_block(i, f))
+        out.append(Text(f"{MEMORY_BY_BYTES}:", style="bold"))
+        out += [finding_block(i, f) for i, f in enumerate(memory, len(timed) + 1)]
     block = what_if_block(d.what_if)
     if block is not None:
-        console.print(block)
-    for w in d.warnings:
-        console.print(Text(f"note: {w}", style="yellow"))
-    for c in d.checks:
-        console.print(Text(f"self-check: {c}", style="yellow"))
+        out.append(block)
+    out += [Text(f"note: {w}", style="yellow") for w in d.warnings]
+    out += [Text(f"self-check: {c}", style="yellow") for c in d.checks]
     dirs = " ".join(d.run_dirs or [d.run_dir])
-    console.print(Text(f"Run record{'s' if len(d.run_dirs) > 1 else ''}: {dirs}  (gpufeed analyze {dirs})", style="dim"))
+    out.append(Text(f"Run record{'s' if len(d.run_dirs) > 1 else ''}: {dirs}  (gpufeed analyze {dirs})", style="dim"))
+    return out
+
+
+def render(d: Diagnosis, console: Console | None = None) -> None:
+    """``diagnosis_view`` printed (the notebook API, tests); the command line prints the view itself."""
+    console = console or Console()
+    for part in diagnosis_view(d):
+        console.print(part)

@@ -165,6 +165,5 @@ def _counters(record: RunRecord, us: Any) -> Iterator[Event]:
             candidates.append(_counter(GPU_PID_BASE + index, "utilization %", ts, {"util": g["util_pct"][i]}))
             candidates.append(_counter(GPU_PID_BASE + index, "memory GiB", ts, {"used": g["mem_used_b"][i] / GIB}))
         for row in s.procs[i]:
-            pid, cpu_pct = row[0], row[2]
-            candidates.append(_counter(pid, "CPU % of one core", ts, {"cpu": cpu_pct}))
+            candidates.append(_counter(row.pid, "CPU % of one core", ts, {"cpu": row.cpu_pct}))
         yield from (c for c in candidates if c is not None)

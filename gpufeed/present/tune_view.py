@@ -5,7 +5,7 @@ import threading
 from pathlib import Path
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -78,7 +78,9 @@ class TrialProgress:
                                  rate=f"{rate:,.0f} samples/s so far" if rate else "warming up")
 
 
-def render_tune(result: TuneResult, console: Console, out_dir: Path | None = None) -> None:
+def tune_view(result: TuneResult, out_dir: Path | None = None) -> list[RenderableType]:
+    """``gpufeed tune``'s answer, to print one after another."""
+    out: list[RenderableType] = []
     base = result.baseline.samples_per_s
     table = Table(title="Trials", title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     for column, justify in (("#", "right"), ("configuration", "left"), ("samples/s", "right"),
@@ -92,31 +94,31 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
             rate, ratio = Text(t.status, style="red"), Text((t.reason or "")[:60], style="red")
         table.add_row(str(t.id), t.settings.label() + mark, rate, fmt(t.spread, ".0%"), str(len(t.runs)), ratio,
                       Text(t.why, style="dim"))
-    console.print(table)
+    out.append(table)
     best = result.best
     speedup = result.speedup
     head = Text.assemble(("Best: ", "bold"), (best.settings.label(), "bold magenta"),
                          f"  {fmt(best.samples_per_s, ',.0f')} samples/s, ",
                          (f"{fmt(speedup, '.2f')}× ", "bold green"),
                          f"your configuration ({result.baseline.settings.label()}: {fmt(base, ',.0f')} samples/s)")
-    console.print(head)
+    out.append(head)
     c = result.confirmation
     if c and c.get("speedup") is not None:
         tried = next((t for t in result.trials if t.id == c.get("of")), None)
         label = tried.settings.label() if tried is not None else "the winner"
         if c.get("kept_yours"):
-            console.print(Text(f"Confirmed against yours in {c['pairs']} alternated pairs: {label} at {c['speedup']:.2f}× "
-                               f"({c['low']:.2f}-{c['high']:.2f}×), a tie: your configuration stays.", style="yellow"))
+            out.append(Text(f"Confirmed against yours in {c['pairs']} alternated pairs: {label} at {c['speedup']:.2f}× "
+                            f"({c['low']:.2f}-{c['high']:.2f}×), a tie: your configuration stays.", style="yellow"))
         else:
-            console.print(Text(f"Confirmed in {c['pairs']} alternated pairs of runs, yours then {label}: "
-                               f"{c['speedup']:.2f}× ({c['low']:.2f}-{c['high']:.2f}×).", style="green"))
+            out.append(Text(f"Confirmed in {c['pairs']} alternated pairs of runs, yours then {label}: "
+                            f"{c['speedup']:.2f}× ({c['low']:.2f}-{c['high']:.2f}×).", style="green"))
     elif best is not result.baseline:
-        console.print(Text("Not confirmed against yours in alternated pairs (the search ended first): the speed-up "
-                           "is one set of trials against another.", style="yellow"))
+        out.append(Text("Not confirmed against yours in alternated pairs (the search ended first): the speed-up "
+                        "is one set of trials against another.", style="yellow"))
     if best is result.baseline or (best.settings == result.baseline.settings):
-        console.print("Your configuration is already the fastest measured (within the noise).")
+        out.append("Your configuration is already the fastest measured (within the noise).")
     else:
-        console.print(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings, result.training_config)))
+        out.append(Text.assemble(("Paste: ", "bold green"), paste_line(best.settings, result.training_config)))
     notes = [f"ties: throughputs within {result.noise:.0%} of each other (the measured run-to-run spread) "
              "count as equal; the cheapest of them wins"]
     stream = result.stream_note()
@@ -128,9 +130,9 @@ def render_tune(result: TuneResult, console: Console, out_dir: Path | None = Non
         notes.append("interrupted (Ctrl-C): best of the trials measured so far")
     notes.append(f"{count(len(result.trials), 'configuration')}, {count(sum(len(t.runs) for t in result.trials), 'run')}, "
                  f"{result.elapsed_s:.0f} s")
-    for note in notes:
-        console.print(Text(f"note: {note}", style="dim"))
+    out += [Text(f"note: {note}", style="dim") for note in notes]
     if out_dir is not None:
-        console.print(Text(f"Trials and their run records: {out_dir}", style="dim"))
-        console.print(Text(f"Train with the winner, unmodified: gpufeed run --config {out_dir / 'best-config.json'} "
-                           f"-- {' '.join(result.command)}", style="dim"))
+        out.append(Text(f"Trials and their run records: {out_dir}", style="dim"))
+        out.append(Text(f"Train with the winner, unmodified: gpufeed run --config {out_dir / 'best-config.json'} "
+                        f"-- {' '.join(result.command)}", style="dim"))
+    return out

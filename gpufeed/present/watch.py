@@ -124,7 +124,7 @@ def read_run(run_dir: Path) -> RunState:
     latest = [it.worker_pids for it in record.iterators if it.worker_pids]
     workers = set(latest[-1]) if latest else set()
     last = record.samples.procs[-1] if len(record.samples) else []
-    state.workers = [(row[0], row[4], row[2]) for row in last if row[0] in workers]
+    state.workers = [(row.pid, row.status, row.cpu_pct) for row in last if row.pid in workers]
     state.offload = d.metrics.offload
     if state.offload is not None and d.training is not None:
         events = events_of(record, d.training.pid)

@@ -1,7 +1,7 @@
 """The "what if" block: the model's predictions (analysis/whatif/), each with its range."""
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Group, RenderableType
 from rich.text import Text
 
 from gpufeed import thresholds as th
@@ -71,12 +71,11 @@ def what_if_block(w: WhatIf | None) -> Group | None:
     return Group(*lines)
 
 
-def render_what_if(w: WhatIf, console: Console | None = None) -> None:
-    """``gpufeed what-if``: the block alone."""
-    console = console or Console()
+def what_if_view(w: WhatIf) -> list[RenderableType]:
+    """``gpufeed what-if``: the block alone, to print one after another."""
     block = what_if_block(w)
-    if block is not None:
-        console.print(block)
+    out: list[RenderableType] = [] if block is None else [block]
     if w.measured_samples_per_s is not None and not w.cannot_predict:
-        console.print(Text(f"   measured in this run: {w.measured_samples_per_s:,.0f} samples/s "
-                           f"(model: {w.yours.samples_per_s:,.0f})", style="dim"))
+        out.append(Text(f"   measured in this run: {w.measured_samples_per_s:,.0f} samples/s "
+                        f"(model: {w.yours.samples_per_s:,.0f})", style="dim"))
+    return out

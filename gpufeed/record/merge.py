@@ -95,7 +95,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         rows.shift(dt)
     r.loops = {pid(p): rows for p, rows in r.loops.items()}
     r.samples.t = r.samples.t + dt
-    r.samples.procs = [[[pid(row[0]), pid(row[1])] + list(row[2:]) for row in procs] for procs in r.samples.procs]
+    r.samples.procs = [[row._replace(pid=pid(row.pid), ppid=pid(row.ppid)) for row in procs] for procs in r.samples.procs]
     r.samples.gpu_procs = [{idx: {pid(p): b for p, b in pids.items()} for idx, pids in per_gpu.items()}
                            for per_gpu in r.samples.gpu_procs]
     for ev in r.processes + r.stalls:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import pools, schema, validate
-from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, LoopRows, StepRows
+from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, LoopRows, OtherRow, ProcRow, StepRows
 
 
 class RecordError(Exception):
@@ -97,11 +97,11 @@ class Samples:
     iowait_pct: np.ndarray        # (n,)
     mem_used_b: np.ndarray        # (n,)
     mem_total_b: float
-    procs: list[list[list[Any]]]  # per sample: rows of schema.PROC_COLUMNS
+    procs: list[list[ProcRow]]    # per sample: one row per process of the command (row.pid, row.cpu_pct...)
     gpus: dict[int, dict[str, np.ndarray]]  # index -> util_pct, mem_used_b, mem_total_b (each (n,))
     gpu_procs: list[dict[int, dict[int, int]]]  # per sample: gpu index -> pid -> used bytes
     # The busiest programs outside the command, about every 2 s: (t, [(pid, name, cores), ...]).
-    others: list[tuple[float, list[tuple[int, str, float]]]] = field(default_factory=list)
+    others: list[tuple[float, list[OtherRow]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -403,12 +403,17 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         iowait_pct=np.array([_num(s.get("iowait_pct")) for s in lines]),
         mem_used_b=np.array([_num(s.get("mem_used_b")) for s in lines]),
         mem_total_b=float(totals[-1]) if totals else np.nan,
-        procs=[s.get("procs") or [] for s in lines],
+        procs=[_proc_rows(s.get("procs") or []) for s in lines],
         gpus=gpus,
         gpu_procs=gpu_procs,
-        others=[(float(s["t"]), [(int(r[0]), str(r[1]), float(r[2])) for r in s["others"]])
+        others=[(float(s["t"]), [OtherRow.of(r) for r in s["others"]])
                 for s in lines if isinstance(s.get("others"), list) and s.get("t") is not None],
     )
+
+
+def _proc_rows(rows: list[list[Any]]) -> list[ProcRow]:
+    make, width = ProcRow._make, len(ProcRow._fields)
+    return [make(row) if len(row) == width else ProcRow.of(row) for row in rows]
 
 
 def load_step_rows(run_dir: str | Path) -> dict[tuple[int, int], StepRows]:

@@ -4,10 +4,14 @@
 indexes by magic number. The rows stay one numpy array (NaN where a cell was null or missing):
 selecting rows (``steps[warmup:]``, ``steps[order]``, a mask) keeps the view; a column, or any
 arithmetic on the array, is a plain array.
+
+The sampler's rows, whose cells are not all numbers, are named tuples instead, one per process:
+``row.pid``, ``row.cpu_pct`` (``ProcRow``, ``schema.PROC_COLUMNS``; ``OtherRow``, ``schema.OTHER_COLUMNS``).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, TypeVar
+from collections import namedtuple
+from typing import Any, Iterable, Sequence, TypeVar
 
 import numpy as np
 
@@ -134,3 +138,28 @@ class H2dRows(Rows):
     host_s = column("host_s")
     pinned = column("pinned")
     copy_s = column("copy_s")
+
+
+class ProcRow(namedtuple("ProcRow", schema.PROC_COLUMNS)):
+    """One process of a sampler reading (``schema.PROC_COLUMNS``): ``row.pid``, ``row.ppid``,
+    ``row.cpu_pct`` (None: not read yet), ``row.threads``, ``row.status``, ``row.rss_b``."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> "ProcRow":
+        """From a JSON row: cells missing from a short row are None, cells past the columns are ignored."""
+        cells = list(row[:len(cls._fields)])
+        return cls._make(cells + [None] * (len(cls._fields) - len(cells)))
+
+
+class OtherRow(namedtuple("OtherRow", schema.OTHER_COLUMNS)):
+    """A busy program outside the command (``schema.OTHER_COLUMNS``): ``row.pid``, ``row.name``,
+    ``row.cores`` (the cores it kept busy)."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> "OtherRow":
+        cells = dict(zip(cls._fields, row))
+        return cls(pid=int(cells["pid"]), name=str(cells["name"]), cores=float(cells["cores"]))

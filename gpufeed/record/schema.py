@@ -102,7 +102,8 @@ H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
 # stepped (0 the first that did; null for the other parts).
 LOOP_COLUMNS = ("part", "t_start", "t_end", "samples", "optimizer")
 LOOP_FORWARD, LOOP_EVAL_FORWARD, LOOP_BACKWARD, LOOP_OPTIMIZER = 0, 1, 2, 3  # a loop row's part
-PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
+PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")  # a sample's ``procs`` rows
+OTHER_COLUMNS = ("pid", "name", "cores")  # a sample's ``others`` rows: the busiest programs outside the command
 
 # An iterator's role (``iterator`` events): what its loader feeds. See measure/inside/roles.py.
 ROLE_TRAIN = "train"

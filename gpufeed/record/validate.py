@@ -68,8 +68,14 @@ def _pid_map(value: Any) -> bool:
                                            for k, v in value.items())
 
 
+# The type of each cell of a sample's rows, by column: ``procs`` and ``others``.
+PROC_TYPES: dict[str, Any] = {"pid": int, "ppid": int | None, "cpu_pct": float | None, "threads": int | None,
+                              "status": str | None, "rss_b": float | None}
+OTHER_TYPES: dict[str, Any] = {"pid": int, "name": str, "cores": (int, float)}  # isinstance's types
+
+
 def _proc_rows(value: Any) -> bool:
-    row_types = (int, int | None, float | None, int | None, str | None, float | None)  # schema.PROC_COLUMNS
+    row_types = tuple(PROC_TYPES.values())
     return isinstance(value, list) and all(
         isinstance(row, list) and len(row) == len(row_types) and all(map(fits, row, row_types)) for row in value)
 
@@ -120,9 +126,9 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
 
 def _other_rows(value: Any) -> bool:
     """[[pid, name, cores], ...]: the busiest programs outside the command."""
+    row_types = tuple(OTHER_TYPES.values())
     return isinstance(value, list) and all(
-        isinstance(r, list) and len(r) == 3 and isinstance(r[0], int) and isinstance(r[1], str)
-        and isinstance(r[2], (int, float)) for r in value)
+        isinstance(r, list) and len(r) == len(row_types) and all(map(isinstance, r, row_types)) for r in value)
 
 
 SAMPLE = {"t": float, "cpu_pct": list[float | None] | None, "iowait_pct": float | None,

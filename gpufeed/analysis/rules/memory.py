@@ -135,11 +135,12 @@ def training_growth(ctx: Context) -> Growth | None:
     if any(len(it.cuda) for it in its):
         # Step indices restart with each epoch's iterator: number the steps across the run.
         offsets = np.cumsum([0] + [len(it.steps) for it in its[:-1]])
-        rows = np.concatenate([np.column_stack([it.cuda.index + offset, it.cuda.mem_allocated_b])
-                               for it, offset in zip(its, offsets) if len(it.cuda)])
-        rows = rows[(rows[:, 0] >= warmup) & np.isfinite(rows[:, 1])]
-        order = np.argsort(rows[:, 0])
-        return _line(rows[order, 0], rows[order, 1], "allocated CUDA memory")
+        step = np.concatenate([it.cuda.index + offset for it, offset in zip(its, offsets) if len(it.cuda)])
+        allocated = np.concatenate([it.cuda.mem_allocated_b for it in its if len(it.cuda)])
+        kept = (step >= warmup) & np.isfinite(allocated)
+        step, allocated = step[kept], allocated[kept]
+        order = np.argsort(step)
+        return _line(step[order], allocated[order], "allocated CUDA memory")
     s = ctx.record.samples
     times, rss = [], []
     # Readings after the last step are left out: as the loop ends, the process frees what it held
@@ -147,9 +148,9 @@ def training_growth(ctx: Context) -> Growth | None:
     t_last = steps.t_deliver[-1]
     for i in np.flatnonzero((s.t >= t0) & (s.t <= t_last)):
         for row in s.procs[i]:
-            if row[0] == t.pid and row[5]:
+            if row.pid == t.pid and row.rss_b:
                 times.append(s.t[i])
-                rss.append(row[5])
+                rss.append(row.rss_b)
     done = np.searchsorted(steps.t_deliver, np.array(times, dtype=float))  # steps delivered by each reading
     return _line(done.astype(float), np.array(rss, dtype=float), "resident memory")
 
@@ -192,7 +193,7 @@ def worker_memory_growth(ctx: Context) -> Finding | None:
             grown.append(readings["uss_b"] - readings["uss_start_b"])
             if "shared_start_b" in readings and "shared_b" in readings:
                 turned_private.append(readings["shared_start_b"] - readings["shared_b"])
-            produced += sum(float(np.nansum(f.rows[:, 3])) for f in ctx.record.fetches if f.pid == pid)
+            produced += sum(float(np.nansum(f.rows.samples)) for f in ctx.record.fetches if f.pid == pid)
     if not grown:
         return None
     total, rss = float(sum(grown)), ctx.metrics.worker_rss_max_b

@@ -14,14 +14,9 @@ import threading
 import time
 from typing import IO, Any
 
+from gpufeed import ranks_env
 from gpufeed.record import schema
 from gpufeed.record.writer import write_json_atomic
-
-# Where launchers put a process's rank: torchrun (and Lightning, accelerate, DeepSpeed) first, then
-# SLURM's srun, Open MPI's mpirun and MPICH/Intel MPI's PMI, for jobs launched without torchrun.
-RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
-WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 # Whether the training process has started using CUDA is looked at once every this many steps
 # (and at each new iterator), not at every step: it costs more than the rest of the hot path.
@@ -35,19 +30,11 @@ _getsignal = signal.getsignal  # before flush_on_sigterm hides its handler from 
 
 
 # -- who this process is ------------------------------------------------------------------------------
-def env_int(*names: str) -> int | None:
-    """The first of these environment variables that holds a whole number."""
-    for name in names:
-        value = os.environ.get(name)
-        if value and value.lstrip("-").isdigit():
-            return int(value)
-    return None
-
-
 def process_fields() -> dict[str, Any]:
-    """The ``process`` event's fields common to every probe: who this process is, and its rank."""
-    return {"ppid": os.getppid(), "argv": list(sys.argv), "t": _clock(), "rank": env_int(*RANK_ENV),
-            "local_rank": env_int(*LOCAL_RANK_ENV), "world_size": env_int(*WORLD_SIZE_ENV)}
+    """The ``process`` event's fields common to every probe: who this process is, and its rank
+    (``ranks_env``: torchrun's, else SLURM's, Open MPI's or PMI's)."""
+    return {"ppid": os.getppid(), "argv": list(sys.argv), "t": _clock(), "rank": ranks_env.rank(),
+            "local_rank": ranks_env.local_rank(), "world_size": ranks_env.world_size()}
 
 
 # -- the limits: --steps and a trial's time -----------------------------------------------------------

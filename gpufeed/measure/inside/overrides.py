@@ -144,8 +144,8 @@ class _Applied:
 
 def _lead_process() -> bool:
     """Rank 0 (or no rank): one message for a job, not one per rank."""
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK")
-    return rank in (None, "", "0")
+    from gpufeed.ranks_env import lead_process
+    return lead_process()
 
 
 def from_env() -> Overrides | None:
