@@ -234,6 +234,8 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
     both ends count, where there are enough of them."""
     from types import SimpleNamespace
 
+    from gpufeed.record.rows import ProcRow
+
     import numpy as np
 
     from gpufeed.analysis.whatif.sampled import other_cores
@@ -241,7 +243,7 @@ def test_cpu_of_processes_that_exit_between_readings_is_not_another_programs():
     procs, busy = [], []
     for i in range(10):
         exiting = i in (3, 6)  # a worker gone at this reading: its last CPU was on the host, not in the tree
-        procs.append([[1, 0, 100.0, 1, "R", 0]] + ([] if exiting else [[2, 1, 80.0, 1, "R", 0]]))
+        procs.append([ProcRow.of([1, 0, 100.0, 1, "R", 0])] + ([] if exiting else [ProcRow.of([2, 1, 80.0, 1, "R", 0])]))
         busy.append([100.0, 80.0 + 5.0])  # the same either way: core 1 also ran another program's 5%
     record = SimpleNamespace(samples=SimpleNamespace(t=t, cpu_pct=np.array(busy), procs=procs))
     m = SimpleNamespace(cpu_cores=[0, 1], window_start_t=0.0, window_end_t=1.0, cpu_cores_busy=1.85,
@@ -560,6 +562,8 @@ def test_a_burst_of_batches_under_way_at_the_window_edge_is_not_handoff_cpu():
     fetches stays the pickling's, not a third of each burst (2026-12-03: 21.9 ms read for 1.9 ms)."""
     from types import SimpleNamespace
 
+    from gpufeed.record.rows import ProcRow
+
     import numpy as np
 
     from gpufeed.analysis.whatif.sampled import handoff_per_batch
@@ -571,7 +575,7 @@ def test_a_burst_of_batches_under_way_at_the_window_edge_is_not_handoff_cpu():
     rows = FetchRows.of([(k * period, (k + 1) * period, fetch_cpu, 16) for k in range(8) for _ in workers])
     cpu_pct = 100.0 * (fetch_cpu + handoff) / period
     t = np.arange(0.0, 2.0001, 0.1)
-    samples = SimpleNamespace(t=t, procs=[[(pid, 0, cpu_pct) for pid in workers] for _ in t])
+    samples = SimpleNamespace(t=t, procs=[[ProcRow.of([pid, 0, cpu_pct]) for pid in workers] for _ in t])
     spans = np.array([[0.0, 0.9]])  # ends with the 4th burst (0.75-1.0 s) 60% made
     got = handoff_per_batch(SimpleNamespace(samples=samples), set(workers), rows, spans)
     assert got == pytest.approx(handoff, rel=0.05)

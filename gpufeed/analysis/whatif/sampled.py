@@ -28,7 +28,7 @@ def quiet_spans(record: RunRecord, m: Metrics, steps: StepRows) -> np.ndarray:
     if not idx or not cores:
         return whole
     busy = np.array([np.nansum(s.cpu_pct[i][cores]) / 100.0 for i in idx])
-    own = np.array([sum(row[2] or 0.0 for row in s.procs[i]) / 100.0 for i in idx])
+    own = np.array([sum(row.cpu_pct or 0.0 for row in s.procs[i]) / 100.0 for i in idx])
     contended = (busy - own >= th.WHATIF_CONTENDED_OTHER_CORES) & (busy >= len(cores) - th.WHATIF_CONTENDED_IDLE_CORES)
     if not contended.any():
         return whole
@@ -59,10 +59,10 @@ def other_cores(record: RunRecord, m: Metrics) -> float:
     intervals than ``WHATIF_MIN_SAMPLES``: every interval, as the run's metrics count them."""
     s = record.samples
     cores, idx = _window_readings(record, m)
-    stable = [i for i in idx if {r[0] for r in s.procs[i]} == {r[0] for r in s.procs[i - 1]}
-              and all(r[2] is not None for r in s.procs[i])]
+    stable = [i for i in idx if {r.pid for r in s.procs[i]} == {r.pid for r in s.procs[i - 1]}
+              and all(r.cpu_pct is not None for r in s.procs[i])]
     if cores and len(stable) >= th.WHATIF_MIN_SAMPLES:
-        others = [np.nansum(s.cpu_pct[i][cores]) / 100.0 - sum(r[2] for r in s.procs[i]) / 100.0 for i in stable]
+        others = [np.nansum(s.cpu_pct[i][cores]) / 100.0 - sum(r.cpu_pct for r in s.procs[i]) / 100.0 for i in stable]
         return max(float(np.mean(others)), 0.0)
     if m.cpu_cores_busy is None or m.cpu_cores_command is None:
         return 0.0
@@ -86,7 +86,7 @@ def main_cpu_per_step(record: RunRecord, pid: int, spans: np.ndarray, steps: Ste
     the batch is made inside next(): every CPU second counts (the caller takes the batch's off), and no
     spin is read here."""
     s = record.samples
-    own = ((i, next((row[2] for row in s.procs[i] if row[0] == pid and row[2] is not None), None))
+    own = ((i, next((row.cpu_pct for row in s.procs[i] if row.pid == pid and row.cpu_pct is not None), None))
            for i in readings_within(s.t, spans))
     read = [(i, pct) for i, pct in own if pct is not None]
     if len(read) < th.WHATIF_MIN_SAMPLES or not len(steps):
@@ -144,7 +144,7 @@ def handoff_per_batch(record: RunRecord, workers: set[int], rows: FetchRows, spa
     made = float(share.sum())
     if made < 1.0:
         return None
-    total = sum((row[2] or 0.0) / 100.0 * float(s.t[i] - s.t[i - 1]) for i in idx for row in s.procs[i]
-                if row[0] in workers)
+    total = sum((row.cpu_pct or 0.0) / 100.0 * float(s.t[i] - s.t[i - 1]) for i in idx for row in s.procs[i]
+                if row.pid in workers)
     fetch_cpu = float(np.nansum(rows.cpu_s * share))
     return max(total - fetch_cpu, 0.0) / made
