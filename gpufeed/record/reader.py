@@ -141,6 +141,8 @@ class RunRecord:
     memory: dict[int, dict[str, int]] = field(default_factory=dict)
     # `cuda_device` events: the GPU each training process's torch uses (index, name, uuid, visible)
     cuda_devices: list[dict[str, Any]] = field(default_factory=list)
+    # `cuda_stream` events: the device and stream each process's step events were recorded on
+    cuda_streams: list[dict[str, Any]] = field(default_factory=list)
     # TensorFlow processes (measure/inside/tf_probe.py): each tf.data pipeline's structure, and the
     # profiler windows the waits were read from.
     tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
@@ -263,6 +265,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
+    cuda_streams: list[dict[str, Any]] = []
     tf_pipelines, tf_profiles, offloads, autotune, fork_probes = [], [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
@@ -305,6 +308,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 overrides.append(ev)
             elif kind == "cuda_device":
                 cuda_devices.append(ev)
+            elif kind == "cuda_stream":
+                cuda_streams.append(ev)
             elif kind == "tf_pipeline":
                 tf_pipelines.append(ev)
             elif kind == "autotune":
@@ -365,7 +370,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         fetches=fetch_records, h2d=H2dRows.of(h2d_rows),
         samples=samples,
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
-        cuda_devices=cuda_devices,
+        cuda_devices=cuda_devices, cuda_streams=cuda_streams,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
         autotune=autotune, fork_probes=fork_probes,
         loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},

@@ -32,9 +32,21 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``fetches``   pid, worker_id, torch_threads, rows of [t_start, t_end, cpu_s, samples]: one batch
               made by a DataLoader worker each
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
-``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s]: host-to-device tensor copies; host_s is
-              the host's time in the call (a blocking copy first waits for queued GPU work), copy_s
-              the copy's own time from CUDA events around it (null where not resolved)
+``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s, non_blocking, on_step_stream, api]: host-to-device
+              tensor copies; host_s is the host's time in the call (a blocking copy first waits for
+              queued GPU work), copy_s the copy's own time from CUDA events around it on the copy's
+              stream (null where not resolved, or not recorded during a CUDA graph capture);
+              non_blocking: a pinned copy the host did not wait for; on_step_stream: 1 where the copy
+              went on the stream the steps run on (the kernels after it wait for it), 0 on another
+              stream (a prefetcher's), null where the steps' stream was not known yet; api: 0
+              Tensor.to/.cuda, 1 Tensor.copy_, 2 torch.as_tensor(device=), 3 torch.tensor(device=)
+              (the last three columns absent in older records)
+``cuda_device`` pid, t, index, name, uuid, visible (CUDA_VISIBLE_DEVICES), order (CUDA_DEVICE_ORDER),
+              source: a GPU the process used, named when the probe first saw it used ("the batch's
+              copy" or "the optimizer's parameters"; never merely torch's current device)
+``cuda_stream`` pid, t, device, device_source, stream_id, default, source: the device and stream the
+              steps' CUDA events were recorded on from then on ("the device's default stream" until the
+              optimizer steps, then "the stream current at the optimizer's step")
 ``loop``      pid, rows of [part, t_start, t_end, samples, optimizer] (LOOP_COLUMNS): the timed parts of
               a training loop (forward, evaluation forward, backward, optimizer step), read as steps
               where the process iterated no training DataLoader (analysis/loop.py)
@@ -95,7 +107,7 @@ STOP_MARKER = "stop-requested"  # written by the runner as it asks the command t
 STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s", "thread_cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
-H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
+H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s", "non_blocking", "on_step_stream", "api")
 # ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's
 # forward (with the loss module), 1 a forward without grad (evaluation), 2 backward, 3 an optimizer
 # step, a gradient clipping or a zero_grad; samples: a training forward's batch; optimizer: which optimizer
