@@ -55,6 +55,14 @@ WORKER_STARTUP_SHARE_FLAG = 0.05
 # -- Host-to-device copies ----------------------------------------------------------------------------
 # Pageable copies block the host; below 5% of the wall time pinning cannot buy much.
 PAGEABLE_COPY_SHARE_FLAG = 0.05
+# Pinned copies on the stream the steps run on stall the kernels queued after them (CUDA runs a
+# stream's work in order: CUDA C++ Programming Guide, "Streams"); flagged from the same 5% of the wall
+# time, below which a side-stream prefetcher cannot buy much either.
+COPY_STALL_SHARE_FLAG = 0.05
+# "pin_memory=True alone would not help" where at least half the pageable bytes are copied by
+# copy_/torch.as_tensor/torch.tensor(device=) (a DataLoader's pin_memory never pins them) or without
+# non_blocking=True (a pinned copy without it still holds the host): the larger part decides.
+PIN_ALONE_MAJORITY = 0.5
 
 # -- GPU utilization (NVML) -----------------------------------------------------------------------------
 # SageMaker's LowGPUUtilization rule: p95 > 70% while p5 < 10% is the fluctuating pattern (the

@@ -55,6 +55,8 @@ class Scenario:
     gpu_idle_s: float | None = None   # per step, from CUDA events (None: idle through the whole wait)
     h2d_host_s: float | None = None   # per step, pageable copy: the host's time in .to()
     h2d_copy_s: float | None = None   # the copy's own time from CUDA events (None: not recorded)
+    # The copy's pinned, non_blocking, on_step_stream and api columns (schema.H2D_COLUMNS; None: an older record)
+    h2d_kind: tuple | None = None
     gpu_util_pattern: list[float] | None = None  # NVML readings, cycled
     with_loader: bool = True
     # A loop without a DataLoader (with_loader=False): ``loop_steps`` optimizer steps, each the loop's
@@ -152,7 +154,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 if sc.cuda:
                     cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:
-                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
+                    pinned, *kind = sc.h2d_kind or (False,)
+                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, pinned, sc.h2d_copy_s, *kind])
                 t = t_del + compute_s + _fork_probe_extra(sc, epoch, i)
                 if sc.eval_every and (i + 1) % sc.eval_every == 0:
                     t = _evaluation_pass(events, sc, t, 1000 + epoch * sc.steps_per_epoch + i)

@@ -218,10 +218,11 @@ def test_pinned_non_blocking_copies_on_the_steps_stream_are_marked(fake):
         host.to("cuda:0", non_blocking=True)
         with fake.use_stream(side):
             host.to("cuda:0", non_blocking=True)
+        torch.ones(8).to("cuda:0", non_blocking=True)  # pageable: the host waits all the same
         torch.ones(8).to("cuda:0")
     finally:
         probe_cuda.unpatch_h2d()
     rows = timing.take_h2d_rows(final=True)
     assert [(r[H2D["pinned"]], r[H2D["non_blocking"]], r[H2D["on_step_stream"]]) for r in rows] == [
-        (True, True, True), (True, True, False), (False, False, True)]
-    assert [w for _, _, w in fake.copies] == [False, False, True]
+        (True, True, True), (True, True, False), (False, True, True), (False, False, True)]
+    assert [w for _, _, w in fake.copies] == [False, False, True, True]

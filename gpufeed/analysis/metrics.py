@@ -111,6 +111,12 @@ class Metrics:
     cuda_mem_reserved_max_b: float | None = None
     h2d_pageable_share: float | None = None
     h2d_bytes_per_step: float | None = None
+    # Pinned copies on the stream the steps run on: the kernels after them wait for them (issue 34.4).
+    h2d_stall_share: float | None = None
+    # Of the pageable copies' bytes: made by copy_/as_tensor/tensor(device=) (which a DataLoader's
+    # pin_memory never pins), and asked non_blocking (None in older records).
+    h2d_pageable_outside_loader_share: float | None = None
+    h2d_pageable_non_blocking_share: float | None = None
     # the host: the CPUs the job may use (affinity, cgroup quota, SLURM; ``measure/outside/cpus.py``)
     cpu_count: int = 1
     cpu_cores: list[int] = field(default_factory=list)  # host numbers of the cores the job may run on
@@ -695,6 +701,7 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
             m.h2d_pageable_share = _copy_seconds(pageable) / m.wall_s
         if m.steps:
             m.h2d_bytes_per_step = float(inside.bytes.sum() / m.steps)
+        _copy_kinds(m, inside)
 
     gpus = record.samples.gpus
     if not gpus:
@@ -710,6 +717,27 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
     m.gpu_util_p5_pct, m.gpu_util_p50_pct, m.gpu_util_p95_pct = (_pct(util, q) for q in (5, 50, 95))
     m.gpu_mem_used_max_b = _max(np.concatenate([gpus[i]["mem_used_b"][mask] for i in used]))
     m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used]))
+
+
+def _h2d_column(rows: H2dRows, name: str) -> np.ndarray:
+    """A column of the h2d rows the typed view does not name (NaN in older records)."""
+    return np.asarray(rows)[:, schema.H2D_COLUMNS.index(name)]
+
+
+def _copy_kinds(m: Metrics, inside: H2dRows) -> None:
+    """Which copies stall the GPU (pinned ones on the steps' stream: the kernels queued after them wait,
+    whatever the host does), and what the pageable ones are made by."""
+    on_step = _h2d_column(inside, "on_step_stream")
+    pinned = inside.pinned == 1
+    if m.wall_s and np.isfinite(on_step[pinned]).any():
+        m.h2d_stall_share = _copy_seconds(inside[pinned & (on_step == 1)]) / m.wall_s
+    pageable = ~pinned
+    api, asked = _h2d_column(inside, "api")[pageable], _h2d_column(inside, "non_blocking")[pageable]
+    nbytes = inside.bytes[pageable]
+    known = np.isfinite(api)
+    if known.any() and nbytes[known].sum() > 0:
+        m.h2d_pageable_outside_loader_share = float(nbytes[known & (api != 0)].sum() / nbytes[known].sum())
+        m.h2d_pageable_non_blocking_share = float(nbytes[known & (asked == 1)].sum() / nbytes[known].sum())
 
 
 def _copy_seconds(rows: H2dRows) -> float:

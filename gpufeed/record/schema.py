@@ -36,7 +36,7 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               tensor copies; host_s is the host's time in the call (a blocking copy first waits for
               queued GPU work), copy_s the copy's own time from CUDA events around it on the copy's
               stream (null where not resolved, or not recorded during a CUDA graph capture);
-              non_blocking: a pinned copy the host did not wait for; on_step_stream: 1 where the copy
+              non_blocking: the call asked non_blocking=True (only a pinned copy then leaves the host free); on_step_stream: 1 where the copy
               went on the stream the steps run on (the kernels after it wait for it), 0 on another
               stream (a prefetcher's), null where the steps' stream was not known yet; api: 0
               Tensor.to/.cuda, 1 Tensor.copy_, 2 torch.as_tensor(device=), 3 torch.tensor(device=)

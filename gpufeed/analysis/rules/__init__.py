@@ -38,7 +38,7 @@ RULES: tuple[Rule, ...] = (
     loader.too_few_workers, loader.cpu_saturated, loader.storage_latency, loader.too_many_workers,
     loader.thread_oversubscription, loader.worker_restart, loop.loop_batch_preparation, offload.offload_input_wait,
     others.other_programs,
-    transfer.pageable_transfer,
+    transfer.pageable_transfer, transfer.copy_stalls_gpu,
     gpu.fluctuating_utilization, gpu.host_bound,
     general.compute_bound, general.no_dataloader,
     ranks.straggler_rank, ranks.load_imbalance,

@@ -298,7 +298,7 @@ def patch_h2d(timing: CudaTiming) -> None:
             pinned = bool(source.is_pinned()) if isinstance(source, torch.Tensor) else False
             nbytes = source.element_size() * source.numel() if isinstance(source, torch.Tensor) else _nbytes(out)
             timing.record_h2d(t0, nbytes, t1 - t0, pinned, events,
-                              (bool(non_blocking) and pinned, on_step_stream, api))
+                              (bool(non_blocking), on_step_stream, api))
         except Exception:
             pass  # a measurement never breaks the copy
         return out
