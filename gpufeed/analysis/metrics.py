@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.gpus import gpus_used
+from gpufeed.analysis.gpus import gpus_used, own_gpus
 from gpufeed.analysis.loop import busiest_loop
 from gpufeed.analysis.offloaded import Offload, of_loader
 from gpufeed.analysis.rank_summary import RankSummary
@@ -707,7 +707,10 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
     if not gpus:
         return
     mask = _in_window(record, window)
-    used, m.gpu_match = gpus_used(record)
+    # The training process's own GPUs where known (each DDP rank's, not pooled over the job's), else the job's.
+    used, m.gpu_match = own_gpus(record, training.pid) if training is not None else ([], None)
+    if not [i for i in used if i in gpus]:
+        used, m.gpu_match = gpus_used(record)
     used = [i for i in used if i in gpus]
     if not used:
         return  # several GPUs, none known to be the job's: N/A, never an average over unrelated ones
