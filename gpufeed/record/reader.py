@@ -98,7 +98,7 @@ class Samples:
     mem_used_b: np.ndarray        # (n,)
     mem_total_b: float
     procs: list[list[list[Any]]]  # per sample: rows of schema.PROC_COLUMNS
-    gpus: dict[int, dict[str, np.ndarray]]  # index -> util_pct, mem_used_b, mem_total_b (each (n,))
+    gpus: dict[int, dict[str, np.ndarray]]  # index -> each of schema.GPU_SERIES, (n,) (NaN: N/A)
     gpu_procs: list[dict[int, dict[int, int]]]  # per sample: gpu index -> pid -> used bytes
     # The busiest programs outside the command, about every 2 s: (t, [(pid, name, cores), ...]).
     others: list[tuple[float, list[tuple[int, str, float]]]] = field(default_factory=list)
@@ -396,7 +396,7 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         for g in s.get("gpus") or []:
             idx = int(g.get("index", 0))
             arrays = gpus.setdefault(idx, {k: np.full(len(lines), np.nan)
-                                           for k in ("util_pct", "mem_used_b", "mem_total_b")})
+                                           for k in schema.GPU_SERIES})
             for k in arrays:
                 arrays[k][i] = _num(g.get(k))
             procs_here[idx] = {int(p): int(b) for p, b in (g.get("procs") or {}).items()}

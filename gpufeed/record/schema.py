@@ -80,7 +80,9 @@ Sample lines (``samples.jsonl``)::
 
     {"t", "cpu_pct": [per core], "iowait_pct", "mem_used_b", "mem_total_b",
      "procs": [[pid, ppid, cpu_pct, threads, status, rss_b], ...],
-     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b}}],
+     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b},
+               "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "gpm_na",
+               "util_na", "mig": [{"uuid", "mem_used_b", "mem_total_b", "util_pct", "util_na"}]}],
      "others": [[pid, name, cores], ...]}   # about every 2 s: the busiest programs outside the command
 """
 from __future__ import annotations
@@ -114,6 +116,11 @@ H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s", "non_blocking", "on_s
 # stepped (0 the first that did; null for the other parts).
 LOOP_COLUMNS = ("part", "t_start", "t_end", "samples", "optimizer")
 LOOP_FORWARD, LOOP_EVAL_FORWARD, LOOP_BACKWARD, LOOP_OPTIMIZER = 0, 1, 2, 3  # a loop row's part
+# The numeric series of a sample line's GPU (the reader's ``samples.gpus[index]`` arrays). GPM's three
+# (Hopper and newer; absent in older records) are over the interval since the previous sample; null is
+# N/A, and ``gpm_na`` says why ("not supported", "not permitted", the first sample). ``util_na``: why
+# util_pct is null (a MIG-enabled GPU: "not supported"); ``mig``: each MIG instance read on its own.
+GPU_SERIES = ("util_pct", "mem_used_b", "mem_total_b", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
 PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")
 
 # An iterator's role (``iterator`` events): what its loader feeds. See measure/inside/roles.py.
