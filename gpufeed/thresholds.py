@@ -71,6 +71,12 @@ GPU_UTIL_FLUCTUATING_P95_PCT = 70.0
 GPU_UTIL_FLUCTUATING_P5_PCT = 10.0
 # PyTorch Profiler's TensorBoard plugin flags GPU utilization below 50%.
 GPU_UTIL_LOW_PCT = 50.0
+# NVML's utilisation is the share of time *any* kernel runs; GPM's SM activity the share of SMs busy
+# (NVIDIA DCGM's profiling metrics: DCGM_FI_PROF_SM_ACTIVE against DCGM_FI_DEV_GPU_UTIL; docs/sources.md).
+# Busy at least 90% of the time with under a third of the SMs working: the kernels are too small to fill
+# the GPU, or the host launches them one by one (launch-bound), a host-side cause, not a fed GPU.
+GPU_BUSY_UTIL_PCT = 90.0
+SM_ACTIVE_LOW_PCT = 33.0
 
 # -- Measurement ------------------------------------------------------------------------------------------
 # Steps measured before the window opens: the default's reason is in ``defaults.py``.

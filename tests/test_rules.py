@@ -383,3 +383,26 @@ def test_other_programs_are_named_with_what_they_cost(tmp_path):
 def test_other_programs_stay_quiet_on_a_quiet_machine(tmp_path):
     d = diagnose(tmp_path, dataclasses.replace(CROWDED, host_cpu_pct=80, others=[]))
     assert d.finding("other_programs") is None
+
+
+def test_launch_bound_when_busy_but_few_sms_work(tmp_path):
+    """NVML reads ~97% busy; GPM says 12% of the SMs worked: tiny kernels launched one by one."""
+    busy = Scenario(cuda=True, gpu_util_pattern=[96, 98, 97], sm_active_pattern=[10, 14, 12])
+    d = diagnose(tmp_path / "tiny", busy)
+    f = d.finding("launch_bound")
+    assert f is not None and f.evidence["gpu_sm_active_p50_pct"] == pytest.approx(12, abs=1)
+    assert "CUDA graphs" in f.recommendation
+    fed = diagnose(tmp_path / "fed", dataclasses.replace(busy, sm_active_pattern=[80, 85, 90]))
+    assert fed.finding("launch_bound") is None and fed.metrics.gpu_sm_active_p50_pct == pytest.approx(85, abs=1)
+    # No GPM (before Hopper): N/A with the reason, and no finding guessed from utilisation alone.
+    old = diagnose(tmp_path / "old", dataclasses.replace(busy, sm_active_pattern=None, gpm_na="not permitted"))
+    assert old.finding("launch_bound") is None
+    assert old.metrics.gpu_sm_active_p50_pct is None and old.metrics.gpu_gpm_na == "not permitted"
+    from rich.console import Console
+    from gpufeed.present.terminal import render
+    out = Console(width=300, record=True)
+    render(old, out)
+    assert "SM activity N/A: not permitted" in out.export_text()
+    out = Console(width=300, record=True)
+    render(d, out)
+    assert "SM active p50 12%" in out.export_text()

@@ -105,6 +105,12 @@ class Metrics:
     gpu_util_p5_pct: float | None = None
     gpu_util_p50_pct: float | None = None
     gpu_util_p95_pct: float | None = None
+    # GPM (Hopper and newer; None: N/A, gpu_gpm_na says why): the share of SMs busy, of warps resident,
+    # of time the tensor pipes ran, p50 over the window on the job's GPUs.
+    gpu_sm_active_p50_pct: float | None = None
+    gpu_sm_occupancy_p50_pct: float | None = None
+    gpu_tensor_active_p50_pct: float | None = None
+    gpu_gpm_na: str | None = None
     gpu_mem_used_max_b: float | None = None
     gpu_mem_total_b: float | None = None
     cuda_mem_allocated_peak_b: float | None = None
@@ -720,6 +726,12 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
     m.gpu_util_p5_pct, m.gpu_util_p50_pct, m.gpu_util_p95_pct = (_pct(util, q) for q in (5, 50, 95))
     m.gpu_mem_used_max_b = _max(np.concatenate([gpus[i]["mem_used_b"][mask] for i in used]))
     m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used]))
+    for name in ("sm_active", "sm_occupancy", "tensor_active"):
+        series = np.concatenate([gpus[i][f"{name}_pct"][mask] for i in used])
+        setattr(m, f"gpu_{name}_p50_pct", _pct(series, 50) if np.isfinite(series).any() else None)
+    if m.gpu_sm_active_p50_pct is None:
+        reasons = sorted({record.samples.gpm_na[i] for i in used if i in record.samples.gpm_na})
+        m.gpu_gpm_na = "; ".join(reasons) if reasons else "not recorded"
 
 
 def _h2d_column(rows: H2dRows, name: str) -> np.ndarray:

@@ -102,6 +102,7 @@ class Samples:
     gpu_procs: list[dict[int, dict[int, int]]]  # per sample: gpu index -> pid -> used bytes
     # The busiest programs outside the command, about every 2 s: (t, [(pid, name, cores), ...]).
     others: list[tuple[float, list[tuple[int, str, float]]]] = field(default_factory=list)
+    gpm_na: dict[int, str] = field(default_factory=dict)  # gpu index -> why its GPM metrics were N/A (last said)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -389,6 +390,7 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
     cpu = np.full((len(lines), cores), np.nan)
     gpus: dict[int, dict[str, np.ndarray]] = {}
     gpu_procs: list[dict[int, dict[int, int]]] = []
+    gpm_na: dict[int, str] = {}
     for i, s in enumerate(lines):
         row = [_num(v) for v in (s.get("cpu_pct") or [])][:cores]
         cpu[i, :len(row)] = row
@@ -400,6 +402,8 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
             for k in arrays:
                 arrays[k][i] = _num(g.get(k))
             procs_here[idx] = {int(p): int(b) for p, b in (g.get("procs") or {}).items()}
+            if g.get("gpm_na") and not str(g["gpm_na"]).startswith("first sample"):
+                gpm_na[idx] = str(g["gpm_na"])
         gpu_procs.append(procs_here)
     totals = [s.get("mem_total_b") for s in lines if s.get("mem_total_b")]
     return Samples(
@@ -410,7 +414,7 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         mem_total_b=float(totals[-1]) if totals else np.nan,
         procs=[s.get("procs") or [] for s in lines],
         gpus=gpus,
-        gpu_procs=gpu_procs,
+        gpu_procs=gpu_procs, gpm_na=gpm_na,
         others=[(float(s["t"]), [(int(r[0]), str(r[1]), float(r[2])) for r in s["others"]])
                 for s in lines if isinstance(s.get("others"), list) and s.get("t") is not None],
     )

@@ -39,7 +39,7 @@ RULES: tuple[Rule, ...] = (
     loader.thread_oversubscription, loader.worker_restart, loop.loop_batch_preparation, offload.offload_input_wait,
     others.other_programs,
     transfer.pageable_transfer, transfer.copy_stalls_gpu,
-    gpu.fluctuating_utilization, gpu.host_bound,
+    gpu.fluctuating_utilization, gpu.host_bound, gpu.launch_bound,
     general.compute_bound, general.no_dataloader,
     ranks.straggler_rank, ranks.load_imbalance,
     memory.allocator_cache, memory.batch_too_small, memory.memory_growth, memory.worker_memory_growth,
