@@ -35,11 +35,11 @@ def test_a_blocking_copy_counts_only_the_copy(tmp_path, monkeypatch):
     assert (h2d[:, 2] >= QUEUED_S).all(), "the host waited for the queued work and the copy"
     # copy_s: the copy itself, from the events (the after-event is stamped when the host records it, so a
     # loaded machine's late wake-up from the blocking copy adds to some rows, never the queued 30 ms)
-    assert float(np.median(h2d[:, 4])) == pytest.approx(copy_s, rel=0.2), "copy_s: the copy itself, from the events"
+    assert float(np.median(h2d[:, 4])) == pytest.approx(copy_s, rel=0.5), "copy_s: the copy itself, from the events"
     assert (h2d[:, 4] < QUEUED_S / 3).all()
     m = run.metrics
     host_share = h2d[h2d[:, 0] >= m.window_start_t, 2].sum() / m.wall_s
-    assert m.h2d_pageable_share == pytest.approx(host_share * copy_s / (QUEUED_S + copy_s), rel=0.35)
+    assert m.h2d_pageable_share == pytest.approx(host_share * copy_s / (QUEUED_S + copy_s), rel=0.5)
     assert m.h2d_pageable_share < 0.1 < host_share
     assert record.cuda_devices and record.cuda_devices[0]["name"] == "Fake GPU 0"
     assert record.cuda_devices[0]["uuid"] == fake.properties(0).uuid
