@@ -1,12 +1,27 @@
-"""Check and time everything GPU-specific, on a real NVIDIA GPU, in one short run.
+"""Check everything GPU-specific on a real NVIDIA GPU, around positive and negative controls.
 
-CPU machines cannot exercise NVML, CUDA events, CUDA memory statistics or pinned copies; this
-script does, against small training scripts written to a temporary folder, and prints one line
-per check (PASS/FAIL with the numbers). Keep what it prints in ``bench/results/``.
+CPU machines cannot exercise NVML, GPM, CUDA events, streams, graph capture or pinned copies; this
+script does, each control a small training script run under ``gpufeed diagnose``, each asserting a
+number and printing PASS/FAIL with it (issue 34). It exits non-zero on any FAIL. About 5-8 minutes on
+one GPU. Keep what it prints in ``bench/results/``.
 
     python bench/gpu_check.py | tee bench/results/gpu_check-$(date +%F).txt
-    python bench/gpu_check.py transfer gpus     # only those sections (issue 11, points 6 and 8)
-    python bench/gpu_check.py --dry-run     # no GPU: run each finding's script tiny on the CPU
+    python bench/gpu_check.py controls          # only the controls (a)-(i)
+    python bench/gpu_check.py transfer gpus overhead findings   # the older sections
+    python bench/gpu_check.py --dry-run         # no GPU: each control's script tiny on the CPU, and
+                                                # each control's judge against a passing and a failing number
+
+The controls:
+  (a) sync_every_step   a loop that synchronises every step: GPU idle = the host's wait, within 10%
+  (b) host_ahead        an asynchronous loop, the host ahead of the GPU: GPU idle near 0
+  (c) other_device      the batch copied to a device that is not the current one: events, memory and the
+                        UUID of that device, no context on the current one (needs 2 GPUs, else SKIP)
+  (d) side_stream       a prefetcher copying under its own stream: timed on the steps' stream (idle ~0)
+  (e) graph_capture     a graph captured around a pinned .cuda(non_blocking=True): captures and replays
+  (f) compile_graphs    torch.compile(mode="reduce-overhead") for 50 steps, unharmed
+  (g) pinned_64mb       a 64 MB pinned non_blocking copy each step on the compute stream: counted as transfer
+  (h) two_ranks         two torchrun ranks on one GPU, rank 1 slowed: named per rank
+  (i) gpm               GPM's SM activity read or N/A with the reason, and the cost of a reading
 
 It runs from a checkout without installing gpufeed (a lent GPU machine has its own torch and no
 registry): it needs torch with CUDA, psutil, rich, numpy and nvidia-ml-py importable.
@@ -22,6 +37,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # gpufeed from this checkout, for us and for the commands we start
@@ -284,6 +300,377 @@ def _headline(diag: dict) -> dict:
                                   "cuda_mem_allocated_peak_b", "cuda_mem_reserved_max_b")}
 
 
+# -- the controls (issue 34) -------------------------------------------------------------------------------
+# One script, one case per control; ``--device cpu --scale 0.01`` runs each tiny on the CPU (--dry-run),
+# where the CUDA-only parts (streams, capture, graphs) are left out, to check the script itself.
+CONTROLS_SCRIPT = textwrap.dedent('''
+    import argparse, json, os, sys, time, torch
+    from torch.utils.data import DataLoader, Dataset
+    p = argparse.ArgumentParser()
+    p.add_argument("case")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--scale", type=float, default=1.0)
+    p.add_argument("--steps", type=int, default=None)
+    a = p.parse_args()
+    gpu = a.device == "cuda"
+    scale = a.scale
+
+    class Slow(Dataset):
+        def __init__(self, n, latency_s, shape=(256,)):
+            self.n, self.latency_s, self.shape = n, latency_s, shape
+        def __len__(self): return self.n
+        def __getitem__(self, i):
+            time.sleep(self.latency_s)
+            return torch.randn(*self.shape)
+
+    def steps(n):
+        return a.steps or n
+
+    def matmuls(w, k):
+        x = w
+        for _ in range(k):
+            x = x @ w
+        return x
+
+    def sync_every_step():
+        dev = torch.device(a.device)
+        w = torch.randn(int(2048 * scale) + 8, int(2048 * scale) + 8, device=dev)
+        for x in DataLoader(Slow(steps(120), 0.006 * scale), batch_size=1):
+            x = x.to(dev)
+            matmuls(w, 2)
+            if gpu:
+                torch.cuda.synchronize()   # the user's loop synchronises: GPU idle = host wait
+
+    def host_ahead():
+        dev = torch.device(a.device)
+        w = torch.randn(int(4096 * scale) + 8, int(4096 * scale) + 8, device=dev)
+        for x in DataLoader(Slow(steps(120), 0.001 * scale), batch_size=1, pin_memory=gpu):
+            x = x.to(dev, non_blocking=True)
+            matmuls(w, 6)                  # queued; the host asks for the next batch at once
+
+    def other_device():
+        n = torch.cuda.device_count() if gpu else 1
+        dev = torch.device(a.device, n - 1) if gpu else torch.device("cpu")
+        w = torch.randn(512, 512, device=dev)
+        for x in DataLoader(Slow(steps(80), 0.002 * scale), batch_size=1):
+            x = x.to(dev)                  # never torch.cuda.set_device: the current device stays 0
+            matmuls(w, 2)
+        if gpu:
+            torch.cuda.synchronize(dev)
+
+    def side_stream():
+        dev = torch.device(a.device)
+        w = torch.randn(int(4096 * scale) + 8, int(4096 * scale) + 8, device=dev)
+        side = torch.cuda.Stream() if gpu else None
+        it = iter(DataLoader(Slow(steps(120), 0.002 * scale), batch_size=1, pin_memory=gpu))
+        def fetch():
+            if side is None:
+                return next(it).to(dev)
+            with torch.cuda.stream(side):    # the prefetcher's next() and copy run under its stream
+                return next(it).to(dev, non_blocking=True)
+        batch = fetch()
+        while batch is not None:
+            if side is not None:
+                torch.cuda.current_stream().wait_stream(side)
+            matmuls(w, 6)
+            try:
+                batch = fetch()
+            except StopIteration:
+                batch = None
+
+    def graph_capture():
+        dev = torch.device(a.device)
+        w = torch.randn(256, 256, device=dev)
+        for x in DataLoader(Slow(steps(20), 0.0), batch_size=1):
+            x.to(dev)                        # the probe is armed: copies patched, events on
+        host = torch.randn(256, 256).pin_memory() if gpu else torch.randn(256, 256)
+        if not gpu:
+            print(json.dumps({"captured": False, "replay_max_err": 0.0}))
+            return
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):          # warm-up on a side stream, as torch's docs ask
+            y = host.cuda(non_blocking=True) @ w
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = host.cuda(non_blocking=True) @ w
+        errs = []
+        for _ in range(5):
+            host.copy_(torch.randn(256, 256))
+            g.replay()
+            torch.cuda.synchronize()
+            errs.append(float((static_out - host.to(dev) @ w).abs().max()))
+        print(json.dumps({"captured": True, "replay_max_err": max(errs)}))
+
+    def compile_graphs():
+        dev = torch.device(a.device)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        fwd = torch.compile(model, mode="reduce-overhead") if gpu else model
+        done, loss = 0, None
+        for x in DataLoader(Slow(steps(50), 0.0), batch_size=32):
+            out = fwd(x.to(dev))
+            loss = out.float().pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            done += 1
+        print(json.dumps({"steps": done, "loss": float(loss)}))
+
+    def pinned_64mb():
+        dev = torch.device(a.device)
+        elems = int(16 * 2**20 * scale) + 8            # 64 MB of float32
+        class Big(Dataset):
+            def __init__(self): self.t = torch.ones(elems)
+            def __len__(self): return steps(60)
+            def __getitem__(self, i): return self.t
+        w = torch.randn(512, 512, device=dev)
+        for x in DataLoader(Big(), batch_size=None, pin_memory=gpu):
+            x = x.to(dev, non_blocking=True)           # on the compute stream: the kernels after it wait
+            matmuls(w, 2)
+
+    def two_ranks():
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        dev = torch.device(a.device, 0) if gpu else torch.device("cpu")  # both ranks on one GPU
+        w = torch.randn(1024, 1024, device=dev)
+        slow = 0.020 * scale if rank == 1 else 0.0
+        for x in DataLoader(Slow(steps(80), slow), batch_size=1):
+            x = x.to(dev)
+            matmuls(w, 2)
+            t = torch.ones(1)
+            dist.all_reduce(t)                          # a collective each step: rank 0 waits for rank 1
+        dist.destroy_process_group()
+
+    globals()[a.case]()
+''')
+
+
+def _diagnose_control(tmp: Path, case: str, launcher: list[str] | None = None, warmup: int = 3) -> tuple[dict, Any]:
+    """``gpufeed diagnose`` of one control; its diagnosis (JSON), record and the command's stdout."""
+    from gpufeed.record.reader import load_run
+    out = tmp / f"{case}.json"
+    command = (launcher or [sys.executable]) + [str(tmp / "controls.py"), case]
+    cmd = [sys.executable, "-m", "gpufeed", "diagnose", "--warmup", str(warmup), "--out", str(tmp / case),
+           "--json", str(out), "--"] + command
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, COLUMNS="200"))
+    print(f"      ({case}: exit {proc.returncode}, {time.monotonic() - started:.1f} s)", flush=True)
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
+    diag = json.loads(out.read_text()) if out.exists() else {}
+    diag["_stdout"], diag["_stderr"], diag["_exit"] = proc.stdout, proc.stderr, proc.returncode
+    try:
+        record = load_run(tmp / case)
+    except Exception as error:  # a run that wrote nothing fails its control, with why
+        print(f"      (no record: {error})")
+        record = None
+    return diag, record
+
+
+def _idle_and_wait(record: Any, diag: dict) -> dict:
+    """Per training step in the window: the GPU's idle from the events and the host's wait in next()."""
+    m = diag.get("metrics", {})
+    start, end = m.get("window_start_t"), m.get("window_end_t")
+    idle = wait = 0.0
+    n = 0
+    for it in (record.iterators if record is not None else []):
+        waits = {int(r[0]): float(r[2] - r[1]) for r in it.steps
+                 if start is None or (start <= r[1] <= (end if end is not None else float("inf")))}
+        for row in it.cuda:
+            if int(row[0]) in waits and row[1] == row[1]:
+                idle += float(row[1])
+                wait += waits[int(row[0])]
+                n += 1
+    return {"gpu_idle_s": idle, "host_wait_s": wait, "steps": n, "gpu_idle_share": m.get("gpu_idle_share"),
+            "data_wait_share": m.get("data_wait_share")}
+
+
+def judge_sync(v: dict) -> tuple[bool, str]:
+    ok = v["steps"] >= 20 and v["host_wait_s"] > 0 and abs(v["gpu_idle_s"] - v["host_wait_s"]) <= 0.10 * v["host_wait_s"]
+    return ok, (f"GPU idle {v['gpu_idle_s'] * 1e3:.1f} ms vs host wait {v['host_wait_s'] * 1e3:.1f} ms over "
+                f"{v['steps']} steps (must agree within 10%)")
+
+
+def judge_host_ahead(v: dict) -> tuple[bool, str]:
+    share, wait = v.get("gpu_idle_share"), v.get("data_wait_share")
+    ok = v["steps"] >= 20 and share is not None and share < 0.03 and (wait or 0) > 0.05
+    return ok, f"gpu_idle_share={share} (must be < 0.03) while the host waited data_wait_share={wait}"
+
+
+def judge_other_device(v: dict) -> tuple[bool, str]:
+    ok = (v["devices"] == [v["target"]] and v["stream_device"] == v["target"] and v["steps"] >= 20
+          and v["contexts_elsewhere"] == 0)
+    return ok, (f"copied to cuda:{v['target']}: cuda_device {v['devices']}, events on device {v['stream_device']}, "
+                f"{v['steps']} steps timed, processes with memory on other GPUs: {v['contexts_elsewhere']}")
+
+
+def judge_side_stream(v: dict) -> tuple[bool, str]:
+    share, wait = v.get("gpu_idle_share"), v.get("data_wait_share")
+    ok = v.get("default_stream") is True and share is not None and share < 0.05 and (wait or 0) > 0.05
+    return ok, (f"steps timed on the default stream: {v.get('default_stream')}; gpu_idle_share={share} (< 0.05) "
+                f"while next() under the side stream waited data_wait_share={wait}")
+
+
+def judge_capture(v: dict) -> tuple[bool, str]:
+    ok = v.get("exit") == 0 and v.get("captured") is True and (v.get("replay_max_err") or 1.0) < 1e-2
+    return ok, f"exit {v.get('exit')}, captured={v.get('captured')}, replay max error {v.get('replay_max_err')}"
+
+
+def judge_compile(v: dict) -> tuple[bool, str]:
+    ok = v.get("exit") == 0 and v.get("steps") == 50 and v.get("measured", 0) >= 45 and not v.get("disabled")
+    return ok, (f"exit {v.get('exit')}, {v.get('steps')} compiled steps, {v.get('measured')} measured, "
+                f"event timing disabled: {v.get('disabled')}")
+
+
+def judge_pinned(v: dict) -> tuple[bool, str]:
+    ok = ((v.get("copy_ms") or 0) >= 1.0 and (v.get("h2d_stall_share") or 0) >= 0.05
+          and (v.get("transfer") or 0) >= 0.05 and v.get("on_step_stream_share", 0) >= 0.9)
+    return ok, (f"copy p50 {v.get('copy_ms')} ms of 64 MB, {v.get('on_step_stream_share')} of copies on the steps' "
+                f"stream, h2d_stall_share={v.get('h2d_stall_share')}, transfer cost {v.get('transfer')}")
+
+
+def judge_ranks(v: dict) -> tuple[bool, str]:
+    by_rank = v.get("ranks", {})
+    slow, fast = by_rank.get(1), by_rank.get(0)
+    ok = slow is not None and fast is not None and slow - fast >= 0.2 and v.get("straggler") == 1
+    return ok, f"data_wait_share by rank {by_rank}; straggler named: rank {v.get('straggler')}"
+
+
+def judge_gpm(v: dict) -> tuple[bool, str]:
+    value, why, cost = v.get("sm_active_pct"), v.get("gpm_na"), v.get("cost_ms")
+    read = value is not None and 0.0 <= value <= 100.0
+    ok = (read or bool(why)) and not (read and why) and cost is not None and cost < 5.0
+    return ok, f"sm_active_pct={value} gpm_na={why!r}, {cost} ms per GPM reading (budget 5 ms)"
+
+
+def _control_values(case: str, diag: dict, record: Any) -> dict:
+    m = diag.get("metrics", {})
+    if case in ("sync_every_step", "host_ahead"):
+        return _idle_and_wait(record, diag)
+    if case == "other_device":
+        import torch
+        target = torch.cuda.device_count() - 1
+        streams = record.cuda_streams if record is not None else []
+        by_pid = {}
+        for per_gpu in (record.samples.gpu_procs if record is not None else []):
+            for idx, pids in per_gpu.items():
+                for pid in pids:
+                    by_pid.setdefault(pid, set()).add(idx)
+        devices = record.meta.sampler.get("gpus") or [] if record is not None else []
+        target_nvml = {d["index"] for d in devices if d.get("uuid") and record.cuda_devices
+                       and str(d["uuid"]).lower().endswith(str(record.cuda_devices[0].get("uuid", "")).lower()[-12:])}
+        elsewhere = sum(1 for idxs in by_pid.values() if idxs - target_nvml) if target_nvml else -1
+        return {"target": target, "devices": sorted({e["index"] for e in (record.cuda_devices if record else [])}),
+                "stream_device": streams[0]["device"] if streams else None,
+                "steps": _idle_and_wait(record, diag)["steps"], "contexts_elsewhere": elsewhere}
+    if case == "side_stream":
+        streams = record.cuda_streams if record is not None else []
+        return {"default_stream": streams[0]["default"] if streams else None,
+                "gpu_idle_share": m.get("gpu_idle_share"), "data_wait_share": m.get("data_wait_share")}
+    if case == "graph_capture":
+        out = _last_json(diag.get("_stdout", ""))
+        return {"exit": diag.get("_exit"), **out}
+    if case == "compile_graphs":
+        out = _last_json(diag.get("_stdout", ""))
+        return {"exit": diag.get("_exit"), "steps": out.get("steps"), "measured": m.get("steps"),
+                "disabled": "CUDA event timing disabled" in diag.get("_stderr", "")}
+    if case == "pinned_64mb":
+        from gpufeed.record import schema
+        h2d = record.h2d if record is not None else []
+        col = schema.H2D_COLUMNS.index("on_step_stream")
+        copies = [float(r[4]) for r in h2d if r[4] == r[4]]
+        on_step = [r[col] for r in h2d if r[col] == r[col]]
+        return {"copy_ms": round(statistics.median(copies) * 1e3, 2) if copies else None,
+                "on_step_stream_share": (sum(on_step) / len(on_step)) if on_step else 0.0,
+                "h2d_stall_share": m.get("h2d_stall_share"), "transfer": (diag.get("costs") or {}).get("transfer")}
+    if case == "two_ranks":
+        ranks = {r.get("rank"): r.get("data_wait_share") or 0.0 for r in m.get("ranks") or []}
+        straggler = next((f["evidence"].get("straggler_rank") for f in diag.get("findings", [])
+                          if f["id"] == "straggler_rank"), None)
+        return {"ranks": ranks, "straggler": straggler}
+    raise KeyError(case)
+
+
+def _last_json(text: str) -> dict:
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    return {}
+
+
+# case: (the judge, a passing example, a failing example) -- the examples check the judges in --dry-run
+CONTROLS = {
+    "sync_every_step": (judge_sync, {"gpu_idle_s": 0.95, "host_wait_s": 1.0, "steps": 100},
+                        {"gpu_idle_s": 0.0, "host_wait_s": 1.0, "steps": 100}),
+    "host_ahead": (judge_host_ahead, {"steps": 100, "gpu_idle_share": 0.004, "data_wait_share": 0.4},
+                   {"steps": 100, "gpu_idle_share": 0.35, "data_wait_share": 0.4}),
+    "other_device": (judge_other_device, {"target": 1, "devices": [1], "stream_device": 1, "steps": 70,
+                                          "contexts_elsewhere": 0},
+                     {"target": 1, "devices": [0, 1], "stream_device": 0, "steps": 70, "contexts_elsewhere": 1}),
+    "side_stream": (judge_side_stream, {"default_stream": True, "gpu_idle_share": 0.01, "data_wait_share": 0.3},
+                    {"default_stream": False, "gpu_idle_share": 0.3, "data_wait_share": 0.3}),
+    "graph_capture": (judge_capture, {"exit": 0, "captured": True, "replay_max_err": 1e-5},
+                      {"exit": 1, "captured": None, "replay_max_err": None}),
+    "compile_graphs": (judge_compile, {"exit": 0, "steps": 50, "measured": 47, "disabled": False},
+                       {"exit": 0, "steps": 50, "measured": 47, "disabled": True}),
+    "pinned_64mb": (judge_pinned, {"copy_ms": 2.7, "on_step_stream_share": 1.0, "h2d_stall_share": 0.3,
+                                   "transfer": 0.3},
+                    {"copy_ms": 2.7, "on_step_stream_share": 1.0, "h2d_stall_share": 0.0, "transfer": 0.0}),
+    "two_ranks": (judge_ranks, {"ranks": {0: 0.02, 1: 0.6}, "straggler": 1},
+                  {"ranks": {0: 0.3, 1: 0.3}, "straggler": None}),
+    "gpm": (judge_gpm, {"sm_active_pct": 41.0, "gpm_na": None, "cost_ms": 0.3},
+            {"sm_active_pct": 0.0, "gpm_na": "not supported", "cost_ms": 0.3}),
+}
+
+
+def check_gpm() -> None:
+    """(i) GPM read on this GPU, or N/A with the reason; and the cost of a reading, measured."""
+    from gpufeed.measure.outside.nvml import Nvml
+    nvml = Nvml()
+    readings = []
+    for _ in range(6):
+        readings = nvml.read()
+        time.sleep(0.1)
+    g = readings[0] if readings else None
+    cost = nvml.gpm_s / nvml.gpm_reads * 1e3 if nvml.gpm_reads else None
+    values = {"sm_active_pct": None if g is None else g.sm_active_pct,
+              "gpm_na": "no NVML reading" if g is None else g.gpm_na, "cost_ms": None if cost is None else round(cost, 3)}
+    if g is not None:
+        print(f"      (GPM on GPU 0: SM active {g.sm_active_pct}, occupancy {g.sm_occupancy_pct}, "
+              f"tensor {g.tensor_active_pct}, N/A: {g.gpm_na})")
+    check("(i) GPM metrics read or N/A with the reason, and their cost", *judge_gpm(values))
+    nvml.shutdown()
+
+
+def check_controls(tmp: Path) -> None:
+    import torch
+    (tmp / "controls.py").write_text(CONTROLS_SCRIPT)
+    letters = dict(zip(CONTROLS, "abcdefghi"))
+    for case, (judge, _good, _bad) in CONTROLS.items():
+        name = f"({letters[case]}) {case}"
+        if case == "gpm":
+            check_gpm()
+            continue
+        if case == "other_device" and torch.cuda.device_count() < 2:
+            print(f"SKIP  {name}: needs 2 GPUs, this machine has {torch.cuda.device_count()}", flush=True)
+            continue
+        launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+                    if case == "two_ranks" else None)
+        diag, record = _diagnose_control(tmp, case, launcher, warmup=0 if case == "graph_capture" else 3)
+        try:
+            ok, detail = judge(_control_values(case, diag, record))
+        except Exception as error:  # a missing number fails the control, never the script
+            ok, detail = False, f"could not read the numbers: {type(error).__name__}: {error}"
+        check(name, ok, detail)
+
+
+
 def check_gpu_findings(tmp: Path) -> None:
     """Each GPU-only finding from a real run on this GPU (``gpufeed diagnose`` of FINDINGS_SCRIPT)."""
     (tmp / "findings.py").write_text(FINDINGS_SCRIPT)
@@ -324,6 +711,29 @@ def dry_run() -> int:
         check(f"{case}: {expected} with its evidence passes the check", ok, detail)
         ok, _ = finding_check(case, {"findings": [{"id": expected, "evidence": {}}]})
         check(f"{case}: {expected} without its evidence fails the check", not ok, "")
+    # The controls: each case's script, tiny, on the CPU (CUDA-only parts left out); each judge against
+    # a number that must pass it and one that must fail it.
+    with tempfile.TemporaryDirectory() as name:
+        script = Path(name) / "controls.py"
+        script.write_text(CONTROLS_SCRIPT)
+        started = time.monotonic()
+        errors = []
+        for case in CONTROLS:
+            if case == "gpm":
+                continue  # no script: NVML in this process
+            launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                         "--master_port", "29534"] if case == "two_ranks" else [sys.executable])
+            proc = subprocess.run(launcher + [str(script), case, "--device", "cpu", "--steps", "3", "--scale", "0.001"],
+                                  capture_output=True, text=True, timeout=180)
+            if proc.returncode != 0:
+                errors.append(f"{case}: exit {proc.returncode} {proc.stderr[-800:]}")
+        check("the controls' scripts run (CPU, tiny)", not errors,
+              f"{len(CONTROLS) - 1} scripts in {time.monotonic() - started:.1f} s {' | '.join(errors)}")
+    for case, (judge, good, bad) in CONTROLS.items():
+        ok, detail = judge(good)
+        check(f"{case}: a passing number passes its judge", ok, detail)
+        ok, detail = judge(bad)
+        check(f"{case}: a failing number fails its judge", not ok, detail)
     failed = [n for n, ok, _ in RESULTS if not ok]
     print(f"dry run: {len(RESULTS) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
@@ -358,15 +768,20 @@ def main() -> int:
         check("NVML read cost", statistics.median(times) < 0.005,
               f"median {statistics.median(times) * 1e3:.2f} ms per read of all GPUs (budget 5 ms at 10 Hz)")
 
-    only = set(sys.argv[1:])  # section names: transfer, gpus; none: everything
+    # Section names: controls, findings (the default: both, in about 5-8 minutes), transfer, gpus, overhead.
+    only = set(sys.argv[1:]) or {"controls", "findings"}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
         (tmp / "loader.py").write_text(LOADER_SCRIPT)
-        if not only or "transfer" in only:
+        if "controls" in only:
+            check_controls(tmp)
+        if "findings" in only:
+            check_gpu_findings(tmp)
+        if "transfer" in only:
             check_transfer_vs_compute(tmp)
-        if not only or "gpus" in only:
+        if "gpus" in only:
             check_gpu_named(tmp)
-        if only:
+        if "overhead" not in only:
             return _summary()
 
         # 1. GPU busy with queued kernels while the host waits: GPU idle < host data wait.
@@ -407,9 +822,6 @@ def main() -> int:
         check("diagnose overhead on a fast CUDA loop", statistics.median(ratios) >= 0.99,
               f"throughput ratio median {statistics.median(ratios):.3f} (runs: "
               + ", ".join(f"{r:.3f}" for r in ratios) + ")")
-
-        # 4. The GPU-only findings, each from a real run.
-        check_gpu_findings(tmp)
 
     return _summary()
 

@@ -55,6 +55,14 @@ WORKER_STARTUP_SHARE_FLAG = 0.05
 # -- Host-to-device copies ----------------------------------------------------------------------------
 # Pageable copies block the host; below 5% of the wall time pinning cannot buy much.
 PAGEABLE_COPY_SHARE_FLAG = 0.05
+# Pinned copies on the stream the steps run on stall the kernels queued after them (CUDA runs a
+# stream's work in order: CUDA C++ Programming Guide, "Streams"); flagged from the same 5% of the wall
+# time, below which a side-stream prefetcher cannot buy much either.
+COPY_STALL_SHARE_FLAG = 0.05
+# "pin_memory=True alone would not help" where at least half the pageable bytes are copied by
+# copy_/torch.as_tensor/torch.tensor(device=) (a DataLoader's pin_memory never pins them) or without
+# non_blocking=True (a pinned copy without it still holds the host): the larger part decides.
+PIN_ALONE_MAJORITY = 0.5
 
 # -- GPU utilization (NVML) -----------------------------------------------------------------------------
 # SageMaker's LowGPUUtilization rule: p95 > 70% while p5 < 10% is the fluctuating pattern (the
@@ -63,6 +71,12 @@ GPU_UTIL_FLUCTUATING_P95_PCT = 70.0
 GPU_UTIL_FLUCTUATING_P5_PCT = 10.0
 # PyTorch Profiler's TensorBoard plugin flags GPU utilization below 50%.
 GPU_UTIL_LOW_PCT = 50.0
+# NVML's utilisation is the share of time *any* kernel runs; GPM's SM activity the share of SMs busy
+# (NVIDIA DCGM's profiling metrics: DCGM_FI_PROF_SM_ACTIVE against DCGM_FI_DEV_GPU_UTIL; docs/sources.md).
+# Busy at least 90% of the time with under a third of the SMs working: the kernels are too small to fill
+# the GPU, or the host launches them one by one (launch-bound), a host-side cause, not a fed GPU.
+GPU_BUSY_UTIL_PCT = 90.0
+SM_ACTIVE_LOW_PCT = 33.0
 
 # -- Measurement ------------------------------------------------------------------------------------------
 # Steps measured before the window opens: the default's reason is in ``defaults.py``.

@@ -55,7 +55,11 @@ class Scenario:
     gpu_idle_s: float | None = None   # per step, from CUDA events (None: idle through the whole wait)
     h2d_host_s: float | None = None   # per step, pageable copy: the host's time in .to()
     h2d_copy_s: float | None = None   # the copy's own time from CUDA events (None: not recorded)
+    # The copy's pinned, non_blocking, on_step_stream and api columns (schema.H2D_COLUMNS; None: an older record)
+    h2d_kind: tuple | None = None
     gpu_util_pattern: list[float] | None = None  # NVML readings, cycled
+    sm_active_pattern: list[float] | None = None  # GPM's SM activity, cycled (None: GPM N/A, gpm_na says why)
+    gpm_na: str | None = "not supported"
     with_loader: bool = True
     # A loop without a DataLoader (with_loader=False): ``loop_steps`` optimizer steps, each the loop's
     # own work (get_batch) for ``loop_own_s``, then forward, backward and optimizer step taking
@@ -152,7 +156,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
                 if sc.cuda:
                     cuda_rows.append([i, sc.wait_s if sc.gpu_idle_s is None else sc.gpu_idle_s, 1e9, 2e9, 1.5e9])
                 if sc.h2d_host_s is not None:
-                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, False, sc.h2d_copy_s])
+                    pinned, *kind = sc.h2d_kind or (False,)
+                    h2d_rows.append([t_del + 0.0001, 4 * 2**20, sc.h2d_host_s, pinned, sc.h2d_copy_s, *kind])
                 t = t_del + compute_s + _fork_probe_extra(sc, epoch, i)
                 if sc.eval_every and (i + 1) % sc.eval_every == 0:
                     t = _evaluation_pass(events, sc, t, 1000 + epoch * sc.steps_per_epoch + i)
@@ -311,6 +316,11 @@ def _write_samples(path: Path, sc: Scenario, t0: float, t1: float, workers: list
             util = sc.gpu_util_pattern[k % len(sc.gpu_util_pattern)]
             gpus = [{"index": 0, "util_pct": util, "mem_used_b": 30 * 2**30, "mem_total_b": 80 * 2**30,
                      "procs": {str(MAIN_PID): 30 * 2**30} if sc.gpu_procs_listed else {}}]
+            if sc.sm_active_pattern:
+                active = sc.sm_active_pattern[k % len(sc.sm_active_pattern)]
+                gpus[0].update(sm_active_pct=active, sm_occupancy_pct=active / 2, tensor_active_pct=0.0, gpm_na=None)
+            else:
+                gpus[0].update(sm_active_pct=None, sm_occupancy_pct=None, tensor_active_pct=None, gpm_na=sc.gpm_na)
             gpus += [{"index": i, "util_pct": u, "mem_used_b": 70 * 2**30, "mem_total_b": 80 * 2**30,
                       "procs": {"77777": 70 * 2**30}} for i, u in enumerate(sc.other_gpu_utils, 1)]
         cores = sc.host_cpu_per_core or [sc.host_cpu_pct] * sc.cpu_count

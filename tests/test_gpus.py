@@ -118,3 +118,19 @@ def test_cuda_used_but_no_gpu_matched_says_why(tmp_path):
     text = out.export_text()
     assert d.metrics.gpu_util_p50_pct is None
     assert "NVML figures N/A: none of the host's 3 GPUs could be matched" in text
+
+
+def test_each_ranks_own_metrics_come_from_its_own_gpu_not_the_jobs_pooled(tmp_path):
+    """Under DDP the focus rank's utilisation (and so its host-idle share) is its GPU's alone: rank 1
+    waits for data on a GPU at 10% while rank 0's reads 90%; pooled, rank 1 would read ~50%."""
+    from tests.synthetic import RankSpec, write_ddp_run
+
+    run = write_ddp_run(tmp_path / "ddp", [RankSpec(gpu_util=[90.0]), RankSpec(gpu_util=[10.0], wait_s=0.004)],
+                        synchronized=False)
+    d = analyze(run)
+    m = d.metrics
+    assert m.focus_rank == 1
+    assert m.gpu_indices == [1] and m.gpu_match == NVML_PROCESS
+    assert m.gpu_util_p50_pct == pytest.approx(10.0)
+    ranks = {r.rank: r for r in m.ranks}
+    assert ranks[0].gpu_util_p50_pct == pytest.approx(90.0) and ranks[1].gpu_util_p50_pct == pytest.approx(10.0)

@@ -158,62 +158,36 @@ def test_max_steps_ends_the_process_cleanly(tmp_path):
     assert sum(len(ev["rows"]) for ev in events if ev["kind"] == "steps") == 7, "the 7th batch was recorded"
 
 
-class FakeEvent:
-    """Stands in for torch.cuda.Event: the 'GPU' reaches an event two steps after it is recorded,
-    and was idle for IDLE_MS between any two events (whatever the host's clocks say)."""
-
-    IDLE_MS = 1.0
-
-    recorded = 0
-
-    def __init__(self, enable_timing=False):
-        assert enable_timing
-
-    def record(self):
-        FakeEvent.recorded += 1
-        self.serial, self.t = FakeEvent.recorded, time.perf_counter()
-
-    def query(self):
-        return FakeEvent.recorded - self.serial >= 4  # two steps = four events later
-
-    def synchronize(self):
-        self.synchronized = True
-
-    def elapsed_time(self, end):
-        assert end.serial == self.serial + 1, "a step's idle time is timed between its own two events"
-        return self.IDLE_MS
-
-
 def test_cuda_events_resolve_lazily_and_give_gpu_idle(tmp_path, monkeypatch):
-    """The CUDA bookkeeping (events per step, resolved later without synchronising) on a fake device."""
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: {"allocated_bytes.all.current": 10,
-                                                                 "reserved_bytes.all.current": 30,
-                                                                 "allocated_bytes.all.peak": 20})
+    """The CUDA bookkeeping (events per step, resolved later without synchronising) on a fake runtime
+    (tests/fake_cuda.py) whose GPU reaches an event only once four more are recorded after it."""
+    from tests.fake_cuda import FakeCuda
+    fake = FakeCuda(devices=1, lag_events=4).install(monkeypatch)
     resolved_during_run = []
     with gpufeed.profile(out=tmp_path / "run", warmup_steps=2) as run:
         loader = DataLoader(Squares(n=40, sleep_s=0.002), batch_size=2)
         state = None
-        for _ in loader:
+        for batch in loader:
+            batch["x"].to("cuda")  # the job's device is known from its first copy (no events before)
             state = state or patches.active_probe().iterators()[0]
             resolved_during_run.append(len(state.cuda_rows))
             time.sleep(0.001)
         assert "to" in torch.Tensor.__dict__, "host-to-device copies are watched once CUDA is in use"
         assert torch.ones(2).to(torch.float64).dtype == torch.float64
-    assert "to" not in torch.Tensor.__dict__ and "cuda" not in torch.Tensor.__dict__, "Tensor restored"
-    # Step k's end event is reached once two more steps (4 events) are recorded: after step i
-    # (0-based) steps 0 .. i-2 are resolved, never one the fake GPU has not reached.
+    assert not hasattr(torch.Tensor.__dict__.get("to"), "_gpufeed_original"), "Tensor restored"
+    # Step i (from 1) has events 4i-1 and 4i, its copy 4i+1 and 4i+2: its end is reached once step i+1
+    # has recorded its own, so after step i steps 1 .. i-1 are resolved, never one not yet reached.
     assert resolved_during_run == [max(0, i - 1) for i in range(20)], "resolved as soon as reached, never ahead"
+    assert fake.syncs == 0
     m = run.metrics
     assert m.cuda_used
     rows = load_run(run.run_dir).iterators[0].cuda
-    assert len(rows) == 20, "every step resolved by the end"
-    assert [row[1] for row in rows] == pytest.approx([FakeEvent.IDLE_MS / 1000.0] * 20), "the events' time, not the host's"
-    # 1 ms of GPU idle per step of ~5 ms (two samples of 2 ms, 1 ms of 'compute'), far below the data wait.
-    assert m.gpu_idle_share == pytest.approx(FakeEvent.IDLE_MS / m.step_time_p50_ms, rel=0.3)
-    assert m.gpu_idle_share < m.data_wait_share
-    assert m.cuda_mem_allocated_peak_b == 20
+    assert [int(r[0]) for r in rows] == list(range(1, 20)), "every step after the first copy, resolved by the end"
+    waits = {int(r[0]): r[2] - r[1] for r in load_run(run.run_dir).iterators[0].steps}
+    # Nothing queued on the GPU: its idle time is each step's own wait (the events' times, not a constant).
+    assert [row[1] for row in rows] == pytest.approx([waits[int(r[0])] for r in rows], rel=0.3, abs=0.001)
+    assert m.gpu_idle_share == pytest.approx(m.data_wait_share, rel=0.3)
+    assert m.cuda_mem_allocated_peak_b == fake.memory_stats(0)["allocated_bytes.all.peak"]
 
 
 def test_training_loader_is_the_one_iterated_most(tmp_path):

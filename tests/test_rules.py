@@ -148,6 +148,38 @@ def test_pageable_transfer_fires_on_blocking_copies(tmp_path):
     assert "pin_memory=True" in f.recommendation and "non_blocking=True" in f.recommendation
 
 
+def test_pinned_copies_on_the_steps_stream_stall_the_gpu(tmp_path):
+    # Pinned, non_blocking, on the steps' stream: the host does not wait (0.1 ms in .to()), but the 4 ms
+    # copy holds up the kernels queued after it. Pinning is done already: a side stream is the fix.
+    stalled = dataclasses.replace(PAGEABLE, h2d_host_s=0.0001, h2d_copy_s=0.004, h2d_kind=(True, True, True, 0),
+                                  pin_memory=True)
+    d = diagnose(tmp_path / "stall", stalled)
+    f = d.finding("copy_stalls_gpu")
+    assert f is not None and f.evidence["h2d_stall_share"] == pytest.approx(0.004 / 0.0105, rel=0.1)
+    assert "pin_memory=True alone would not help" in f.recommendation and "side stream" in f.recommendation
+    assert d.finding("pageable_transfer") is None and d.bottleneck == "transfer"
+    # The same copies on a prefetcher's side stream overlap with compute: nothing to say.
+    side = diagnose(tmp_path / "side", dataclasses.replace(stalled, h2d_kind=(True, True, False, 0)))
+    assert side.finding("copy_stalls_gpu") is None and side.metrics.h2d_stall_share == 0.0
+    # An older record (no stream column): not measured, not 0.
+    old = diagnose(tmp_path / "old", dataclasses.replace(stalled, h2d_kind=(True,)))
+    assert old.metrics.h2d_stall_share is None and old.finding("copy_stalls_gpu") is None
+
+
+@pytest.mark.parametrize("kind, why", [((False, False, True, 2), "torch.as_tensor"),
+                                       ((False, False, True, 0), "non_blocking=True")])
+def test_pin_memory_alone_would_not_help(tmp_path, kind, why):
+    # Pageable copies made by torch.as_tensor(numpy, device=): a loader's pin_memory never pins them;
+    # .to() without non_blocking: a pinned copy would still hold the host.
+    d = diagnose(tmp_path, dataclasses.replace(PAGEABLE, h2d_kind=kind, pin_memory=True))
+    f = d.finding("pageable_transfer")
+    assert f is not None and f.evidence["pin_memory_alone_helps"] is False
+    assert "pin_memory=True alone would not help" in f.recommendation and why in f.recommendation
+    helped = diagnose(tmp_path / "helped", dataclasses.replace(PAGEABLE, h2d_kind=(False, True, True, 0),
+                                                               pin_memory=True))
+    assert helped.finding("pageable_transfer") is None  # pinned loader, non_blocking asked: not these copies' cause
+
+
 def test_a_blocking_copy_that_waits_for_queued_compute_is_not_transfer(tmp_path):
     # .to(cuda) held the host 4 ms, but CUDA events around the copy time it at 0.2 ms: the rest was
     # the GPU finishing the work queued before it, which is compute.
@@ -351,3 +383,26 @@ def test_other_programs_are_named_with_what_they_cost(tmp_path):
 def test_other_programs_stay_quiet_on_a_quiet_machine(tmp_path):
     d = diagnose(tmp_path, dataclasses.replace(CROWDED, host_cpu_pct=80, others=[]))
     assert d.finding("other_programs") is None
+
+
+def test_launch_bound_when_busy_but_few_sms_work(tmp_path):
+    """NVML reads ~97% busy; GPM says 12% of the SMs worked: tiny kernels launched one by one."""
+    busy = Scenario(cuda=True, gpu_util_pattern=[96, 98, 97], sm_active_pattern=[10, 14, 12])
+    d = diagnose(tmp_path / "tiny", busy)
+    f = d.finding("launch_bound")
+    assert f is not None and f.evidence["gpu_sm_active_p50_pct"] == pytest.approx(12, abs=1)
+    assert "CUDA graphs" in f.recommendation
+    fed = diagnose(tmp_path / "fed", dataclasses.replace(busy, sm_active_pattern=[80, 85, 90]))
+    assert fed.finding("launch_bound") is None and fed.metrics.gpu_sm_active_p50_pct == pytest.approx(85, abs=1)
+    # No GPM (before Hopper): N/A with the reason, and no finding guessed from utilisation alone.
+    old = diagnose(tmp_path / "old", dataclasses.replace(busy, sm_active_pattern=None, gpm_na="not permitted"))
+    assert old.finding("launch_bound") is None
+    assert old.metrics.gpu_sm_active_p50_pct is None and old.metrics.gpu_gpm_na == "not permitted"
+    from rich.console import Console
+    from gpufeed.present.terminal import render
+    out = Console(width=300, record=True)
+    render(old, out)
+    assert "SM activity N/A: not permitted" in out.export_text()
+    out = Console(width=300, record=True)
+    render(d, out)
+    assert "SM active p50 12%" in out.export_text()

@@ -248,8 +248,9 @@ def test_nvml_readings_are_mapped() -> None:
     assert fake.calls == []  # lazy: nothing until first use
     assert nvml.available() and nvml.error is None and nvml.device_count() == 2
     assert nvml.read() == [
-        GpuReading(0, "NVIDIA H100", 87.0, 1 << 30, 80 << 30, {100: 2 << 30}),
-        GpuReading(1, "NVIDIA A10", 5.0, 2 << 30, 80 << 30, {}),
+        # Bindings without GPM calls: GPM N/A, and said why (never 0).
+        GpuReading(0, "NVIDIA H100", 87.0, 1 << 30, 80 << 30, {100: 2 << 30}, gpm_na="not in these NVML bindings"),
+        GpuReading(1, "NVIDIA A10", 5.0, 2 << 30, 80 << 30, {}, gpm_na="not in these NVML bindings"),
     ]
     assert fake.calls == ["init"]
     nvml.shutdown()
@@ -294,5 +295,6 @@ def test_sampler_writes_gpu_lines(tmp_path: Path) -> None:
     assert sampler.stop()["gpu_error"] is None
     gpus = read_lines(tmp_path)[-1]["gpus"]
     assert gpus[0] == {"index": 0, "util_pct": 87.0, "mem_used_b": 1 << 30,
-                       "mem_total_b": 80 << 30, "procs": {"100": 2 << 30}}
+                       "mem_total_b": 80 << 30, "procs": {"100": 2 << 30}, "sm_active_pct": None,
+                       "sm_occupancy_pct": None, "tensor_active_pct": None, "gpm_na": "not in these NVML bindings"}
     assert gpus[1]["procs"] == {}

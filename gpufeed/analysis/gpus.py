@@ -50,6 +50,21 @@ def gpus_used(record: RunRecord) -> tuple[list[int], str | None]:
                 "list, no CUDA device seen by the probe), and unrelated GPUs are not averaged")
 
 
+OWN_NVML_PROCESS, OWN_TORCH_DEVICE = NVML_PROCESS, TORCH_DEVICE  # said the same way as the job's
+
+
+def own_gpus(record: RunRecord, pid: int) -> tuple[list[int], str | None]:
+    """NVML indices of the GPUs one process (a DDP rank) used, and how they were found: NVML's process
+    list naming that pid, else its torch's device (``process_gpus``); ([], None) where neither says.
+    A rank's figures come from its own GPU, never pooled over the job's: GPUs whose ranks wait in NCCL
+    for a straggler read busy."""
+    listed = sorted({idx for per_gpu in record.samples.gpu_procs for idx, pids in per_gpu.items() if pid in pids})
+    if listed:
+        return listed, OWN_NVML_PROCESS
+    by_torch = process_gpus(record, pid)
+    return (by_torch, OWN_TORCH_DEVICE) if by_torch else ([], None)
+
+
 def process_gpus(record: RunRecord, pid: int) -> list[int]:
     """NVML indices of the GPU one process's torch used (its ``cuda_device`` event): by UUID, else by
     its CUDA_VISIBLE_DEVICES and device number."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.gpus import gpus_used
+from gpufeed.analysis.gpus import gpus_used, own_gpus
 from gpufeed.analysis.intervals import merge_spans, overlap, waited_before
 from gpufeed.analysis.loop import busiest_loop
 from gpufeed.analysis.offloaded import Offload, of_loader
@@ -107,12 +107,24 @@ class Metrics:
     gpu_util_p5_pct: float | None = None
     gpu_util_p50_pct: float | None = None
     gpu_util_p95_pct: float | None = None
+    # GPM (Hopper and newer; None: N/A, gpu_gpm_na says why): the share of SMs busy, of warps resident,
+    # of time the tensor pipes ran, p50 over the window on the job's GPUs.
+    gpu_sm_active_p50_pct: float | None = None
+    gpu_sm_occupancy_p50_pct: float | None = None
+    gpu_tensor_active_p50_pct: float | None = None
+    gpu_gpm_na: str | None = None
     gpu_mem_used_max_b: float | None = None
     gpu_mem_total_b: float | None = None
     cuda_mem_allocated_peak_b: float | None = None
     cuda_mem_reserved_max_b: float | None = None
     h2d_pageable_share: float | None = None
     h2d_bytes_per_step: float | None = None
+    # Pinned copies on the stream the steps run on: the kernels after them wait for them (issue 34.4).
+    h2d_stall_share: float | None = None
+    # Of the pageable copies' bytes: made by copy_/as_tensor/tensor(device=) (which a DataLoader's
+    # pin_memory never pins), and asked non_blocking (None in older records).
+    h2d_pageable_outside_loader_share: float | None = None
+    h2d_pageable_non_blocking_share: float | None = None
     # the host: the CPUs the job may use (affinity, cgroup quota, SLURM; ``measure/outside/cpus.py``)
     cpu_count: int = 1
     cpu_cores: list[int] = field(default_factory=list)  # host numbers of the cores the job may run on
@@ -660,12 +672,16 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
             m.h2d_pageable_share = _copy_seconds(pageable) / m.wall_s
         if m.steps:
             m.h2d_bytes_per_step = float(inside.bytes.sum() / m.steps)
+        _copy_kinds(m, inside)
 
     gpus = record.samples.gpus
     if not gpus:
         return
     mask = _in_window(record, window)
-    used, m.gpu_match = gpus_used(record)
+    # The training process's own GPUs where known (each DDP rank's, not pooled over the job's), else the job's.
+    used, m.gpu_match = own_gpus(record, training.pid) if training is not None else ([], None)
+    if not [i for i in used if i in gpus]:
+        used, m.gpu_match = gpus_used(record)
     used = [i for i in used if i in gpus]
     if not used:
         return  # several GPUs, none known to be the job's: N/A, never an average over unrelated ones
@@ -675,6 +691,33 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
     m.gpu_util_p5_pct, m.gpu_util_p50_pct, m.gpu_util_p95_pct = (_pct(util, q) for q in (5, 50, 95))
     m.gpu_mem_used_max_b = _max(np.concatenate([gpus[i]["mem_used_b"][mask] for i in used]))
     m.gpu_mem_total_b = _max(np.concatenate([gpus[i]["mem_total_b"] for i in used]))
+    for name in ("sm_active", "sm_occupancy", "tensor_active"):
+        series = np.concatenate([gpus[i][f"{name}_pct"][mask] for i in used])
+        setattr(m, f"gpu_{name}_p50_pct", _pct(series, 50) if np.isfinite(series).any() else None)
+    if m.gpu_sm_active_p50_pct is None:
+        reasons = sorted({record.samples.gpm_na[i] for i in used if i in record.samples.gpm_na})
+        m.gpu_gpm_na = "; ".join(reasons) if reasons else "not recorded"
+
+
+def _h2d_column(rows: H2dRows, name: str) -> np.ndarray:
+    """A column of the h2d rows the typed view does not name (NaN in older records)."""
+    return np.asarray(rows)[:, schema.H2D_COLUMNS.index(name)]
+
+
+def _copy_kinds(m: Metrics, inside: H2dRows) -> None:
+    """Which copies stall the GPU (pinned ones on the steps' stream: the kernels queued after them wait,
+    whatever the host does), and what the pageable ones are made by."""
+    on_step = _h2d_column(inside, "on_step_stream")
+    pinned = inside.pinned == 1
+    if m.wall_s and np.isfinite(on_step[pinned]).any():
+        m.h2d_stall_share = _copy_seconds(inside[pinned & (on_step == 1)]) / m.wall_s
+    pageable = ~pinned
+    api, asked = _h2d_column(inside, "api")[pageable], _h2d_column(inside, "non_blocking")[pageable]
+    nbytes = inside.bytes[pageable]
+    known = np.isfinite(api)
+    if known.any() and nbytes[known].sum() > 0:
+        m.h2d_pageable_outside_loader_share = float(nbytes[known & (api != 0)].sum() / nbytes[known].sum())
+        m.h2d_pageable_non_blocking_share = float(nbytes[known & (asked == 1)].sum() / nbytes[known].sum())
 
 
 def _copy_seconds(rows: H2dRows) -> float:

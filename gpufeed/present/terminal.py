@@ -57,6 +57,10 @@ def numbers_table(d: Diagnosis) -> Table:
                f"memory {human_bytes(m.gpu_mem_used_max_b)} of {human_bytes(m.gpu_mem_total_b)}")
         if not m.gpu_indices and m.gpu_match:
             gpu += f" · NVML figures {NA}: {m.gpu_match}"
+        elif m.gpu_indices:  # GPM beside utilisation (Hopper and newer), or why not
+            gpu += (f" · SM active p50 {fmt(m.gpu_sm_active_p50_pct, '.0f', '%')}, occupancy "
+                    f"{fmt(m.gpu_sm_occupancy_p50_pct, '.0f', '%')}, tensor {fmt(m.gpu_tensor_active_p50_pct, '.0f', '%')}"
+                    if m.gpu_sm_active_p50_pct is not None else f" · SM activity {NA}: {m.gpu_gpm_na}")
     else:
         gpu = f"{NA}: {d.gpu_unavailable_reason or 'no GPU found'}"
     table.add_row("GPU", gpu)

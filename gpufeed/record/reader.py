@@ -98,10 +98,11 @@ class Samples:
     mem_used_b: np.ndarray        # (n,)
     mem_total_b: float
     procs: list[list[ProcRow]]    # per sample: one row per process of the command (row.pid, row.cpu_pct...)
-    gpus: dict[int, dict[str, np.ndarray]]  # index -> util_pct, mem_used_b, mem_total_b (each (n,))
+    gpus: dict[int, dict[str, np.ndarray]]  # index -> each of schema.GPU_SERIES, (n,) (NaN: N/A)
     gpu_procs: list[dict[int, dict[int, int]]]  # per sample: gpu index -> pid -> used bytes
     # The busiest programs outside the command, about every 2 s: (t, [(pid, name, cores), ...]).
     others: list[tuple[float, list[OtherRow]]] = field(default_factory=list)
+    gpm_na: dict[int, str] = field(default_factory=dict)  # gpu index -> why its GPM metrics were N/A (last said)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -141,6 +142,8 @@ class RunRecord:
     memory: dict[int, dict[str, int]] = field(default_factory=dict)
     # `cuda_device` events: the GPU each training process's torch uses (index, name, uuid, visible)
     cuda_devices: list[dict[str, Any]] = field(default_factory=list)
+    # `cuda_stream` events: the device and stream each process's step events were recorded on
+    cuda_streams: list[dict[str, Any]] = field(default_factory=list)
     # TensorFlow processes (measure/inside/tf_probe.py): each tf.data pipeline's structure, and the
     # profiler windows the waits were read from.
     tf_pipelines: list[dict[str, Any]] = field(default_factory=list)
@@ -263,6 +266,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
+    cuda_streams: list[dict[str, Any]] = []
     tf_pipelines, tf_profiles, offloads, autotune, fork_probes = [], [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
@@ -305,6 +309,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 overrides.append(ev)
             elif kind == "cuda_device":
                 cuda_devices.append(ev)
+            elif kind == "cuda_stream":
+                cuda_streams.append(ev)
             elif kind == "tf_pipeline":
                 tf_pipelines.append(ev)
             elif kind == "autotune":
@@ -365,7 +371,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         fetches=fetch_records, h2d=H2dRows.of(h2d_rows),
         samples=samples,
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
-        cuda_devices=cuda_devices,
+        cuda_devices=cuda_devices, cuda_streams=cuda_streams,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
         autotune=autotune, fork_probes=fork_probes,
         loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},
@@ -384,6 +390,7 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
     cpu = np.full((len(lines), cores), np.nan)
     gpus: dict[int, dict[str, np.ndarray]] = {}
     gpu_procs: list[dict[int, dict[int, int]]] = []
+    gpm_na: dict[int, str] = {}
     for i, s in enumerate(lines):
         row = [_num(v) for v in (s.get("cpu_pct") or [])][:cores]
         cpu[i, :len(row)] = row
@@ -391,10 +398,12 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         for g in s.get("gpus") or []:
             idx = int(g.get("index", 0))
             arrays = gpus.setdefault(idx, {k: np.full(len(lines), np.nan)
-                                           for k in ("util_pct", "mem_used_b", "mem_total_b")})
+                                           for k in schema.GPU_SERIES})
             for k in arrays:
                 arrays[k][i] = _num(g.get(k))
             procs_here[idx] = {int(p): int(b) for p, b in (g.get("procs") or {}).items()}
+            if g.get("gpm_na") and not str(g["gpm_na"]).startswith("first sample"):
+                gpm_na[idx] = str(g["gpm_na"])
         gpu_procs.append(procs_here)
     totals = [s.get("mem_total_b") for s in lines if s.get("mem_total_b")]
     return Samples(
@@ -405,7 +414,7 @@ def _load_samples(path: Path, cpu_count: int, warnings: list[str]) -> Samples:
         mem_total_b=float(totals[-1]) if totals else np.nan,
         procs=[_proc_rows(s.get("procs") or []) for s in lines],
         gpus=gpus,
-        gpu_procs=gpu_procs,
+        gpu_procs=gpu_procs, gpm_na=gpm_na,
         others=[(float(s["t"]), [OtherRow.of(r) for r in s["others"]])
                 for s in lines if isinstance(s.get("others"), list) and s.get("t") is not None],
     )

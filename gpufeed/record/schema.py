@@ -32,9 +32,21 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``fetches``   pid, worker_id, torch_threads, rows of [t_start, t_end, cpu_s, samples]: one batch
               made by a DataLoader worker each
 ``cuda``      pid, iter_id, rows of [index, gpu_idle_s, mem_allocated_b, mem_reserved_b, mem_peak_b]
-``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s]: host-to-device tensor copies; host_s is
-              the host's time in the call (a blocking copy first waits for queued GPU work), copy_s
-              the copy's own time from CUDA events around it (null where not resolved)
+``h2d``       pid, rows of [t, bytes, host_s, pinned, copy_s, non_blocking, on_step_stream, api]: host-to-device
+              tensor copies; host_s is the host's time in the call (a blocking copy first waits for
+              queued GPU work), copy_s the copy's own time from CUDA events around it on the copy's
+              stream (null where not resolved, or not recorded during a CUDA graph capture);
+              non_blocking: the call asked non_blocking=True (only a pinned copy then leaves the host free); on_step_stream: 1 where the copy
+              went on the stream the steps run on (the kernels after it wait for it), 0 on another
+              stream (a prefetcher's), null where the steps' stream was not known yet; api: 0
+              Tensor.to/.cuda, 1 Tensor.copy_, 2 torch.as_tensor(device=), 3 torch.tensor(device=)
+              (the last three columns absent in older records)
+``cuda_device`` pid, t, index, name, uuid, visible (CUDA_VISIBLE_DEVICES), order (CUDA_DEVICE_ORDER),
+              source: a GPU the process used, named when the probe first saw it used ("the batch's
+              copy" or "the optimizer's parameters"; never merely torch's current device)
+``cuda_stream`` pid, t, device, device_source, stream_id, default, source: the device and stream the
+              steps' CUDA events were recorded on from then on ("the device's default stream" until the
+              optimizer steps, then "the stream current at the optimizer's step")
 ``loop``      pid, rows of [part, t_start, t_end, samples, optimizer] (LOOP_COLUMNS): the timed parts of
               a training loop (forward, evaluation forward, backward, optimizer step), read as steps
               where the process iterated no training DataLoader (analysis/loop.py)
@@ -68,7 +80,9 @@ Sample lines (``samples.jsonl``)::
 
     {"t", "cpu_pct": [per core], "iowait_pct", "mem_used_b", "mem_total_b",
      "procs": [[pid, ppid, cpu_pct, threads, status, rss_b], ...],
-     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b}}],
+     "gpus": [{"index", "util_pct", "mem_used_b", "mem_total_b", "procs": {pid: used_b},
+               "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct", "gpm_na",
+               "util_na", "mig": [{"uuid", "mem_used_b", "mem_total_b", "util_pct", "util_na"}]}],
      "others": [[pid, name, cores], ...]}   # about every 2 s: the busiest programs outside the command
 """
 from __future__ import annotations
@@ -95,13 +109,18 @@ STOP_MARKER = "stop-requested"  # written by the runner as it asks the command t
 STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s", "thread_cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
-H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s")
+H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s", "non_blocking", "on_step_stream", "api")
 # ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's
 # forward (with the loss module), 1 a forward without grad (evaluation), 2 backward, 3 an optimizer
 # step, a gradient clipping or a zero_grad; samples: a training forward's batch; optimizer: which optimizer
 # stepped (0 the first that did; null for the other parts).
 LOOP_COLUMNS = ("part", "t_start", "t_end", "samples", "optimizer")
 LOOP_FORWARD, LOOP_EVAL_FORWARD, LOOP_BACKWARD, LOOP_OPTIMIZER = 0, 1, 2, 3  # a loop row's part
+# The numeric series of a sample line's GPU (the reader's ``samples.gpus[index]`` arrays). GPM's three
+# (Hopper and newer; absent in older records) are over the interval since the previous sample; null is
+# N/A, and ``gpm_na`` says why ("not supported", "not permitted", the first sample). ``util_na``: why
+# util_pct is null (a MIG-enabled GPU: "not supported"); ``mig``: each MIG instance read on its own.
+GPU_SERIES = ("util_pct", "mem_used_b", "mem_total_b", "sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
 PROC_COLUMNS = ("pid", "ppid", "cpu_pct", "threads", "status", "rss_b")  # a sample's ``procs`` rows
 OTHER_COLUMNS = ("pid", "name", "cores")  # a sample's ``others`` rows: the busiest programs outside the command
 

@@ -58,13 +58,20 @@ def host_idle_share(m: Metrics) -> float | None:
     """GPU time idle for reasons other than waiting for data or for copies (CUDA runs with NVML only)."""
     if not m.cuda_used or m.gpu_util_p50_pct is None:
         return None
-    return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (input_share(m) or 0.0) - (m.h2d_pageable_share or 0.0))
+    return max(0.0, 1.0 - m.gpu_util_p50_pct / 100.0 - (input_share(m) or 0.0) - (transfer_share(m) or 0.0))
+
+
+def transfer_share(m: Metrics) -> float | None:
+    """Copies to the GPU as they cost: pageable ones block the host, pinned ones on the steps' stream
+    stall the kernels queued after them (None where neither was measured)."""
+    parts = [v for v in (m.h2d_pageable_share, m.h2d_stall_share) if v is not None]
+    return sum(parts) if parts else None
 
 
 def costs(m: Metrics) -> dict[str, float | None]:
     """The wall time split four ways (shares; None where not measured): waiting for data, blocked in
     copies to the GPU, the GPU idle for other host reasons, and the rest, the step's own compute."""
-    losses = {INPUT: input_share(m), TRANSFER: m.h2d_pageable_share, HOST: host_idle_share(m)}
+    losses = {INPUT: input_share(m), TRANSFER: transfer_share(m), HOST: host_idle_share(m)}
     measured = [v for v in losses.values() if v is not None]
     losses[COMPUTE] = max(0.0, 1.0 - sum(measured)) if measured else None
     return losses

@@ -75,7 +75,7 @@ def no_dataloader(ctx: Context) -> Finding | None:
 EXPLAINED_BY = {
     INPUT: {"too_few_workers", "cpu_saturated", "storage_latency", "too_many_workers", "thread_oversubscription",
             "worker_restart", "loader_stalled", "straggler_rank", "offload_input_wait", "loop_batch_preparation"},
-    TRANSFER: {"pageable_transfer"},
+    TRANSFER: {"pageable_transfer", "copy_stalls_gpu"},
     HOST: {"host_bound"},
 }
 

@@ -55,3 +55,27 @@ def host_finding(m: Metrics, share: float, finding_id: str) -> Finding:
                   "gpu_idle_share": m.gpu_idle_share, "host_idle_share": share},
         thresholds={"gpu_util_p50_pct": th.GPU_UTIL_LOW_PCT, "host_idle_share": th.BOTTLENECK_MIN_SHARE},
     )
+
+
+def launch_bound(ctx: Context) -> Finding | None:
+    """NVML busy nearly all the time, GPM's SM activity low: tiny or launch-bound kernels (a host-side
+    cause), not a well-fed GPU. Only where GPM was read (Hopper and newer)."""
+    m = ctx.metrics
+    if (m.gpu_util_p50_pct is None or m.gpu_sm_active_p50_pct is None
+            or m.gpu_util_p50_pct < th.GPU_BUSY_UTIL_PCT or m.gpu_sm_active_p50_pct >= th.SM_ACTIVE_LOW_PCT):
+        return None
+    idle_sms = 1.0 - m.gpu_sm_active_p50_pct / 100.0
+    return Finding(
+        id="launch_bound", severity=severity_for(idle_sms), cost_share=None,
+        message=(f"The GPU read {fmt(m.gpu_util_p50_pct, '.0f')}% busy (p50, NVML) but only "
+                 f"{fmt(m.gpu_sm_active_p50_pct, '.0f')}% of its SMs were active (GPM): its kernels are too small "
+                 "to fill it, or the host launches them one at a time. The GPU is not fed, it is waiting on "
+                 "the host's launches."),
+        recommendation=("Give each kernel more work: a larger batch, fused operations (torch.compile), or CUDA "
+                        "graphs (torch.compile(mode=\"reduce-overhead\")) so the host stops launching kernels "
+                        "one by one."),
+        evidence={"gpu_util_p50_pct": m.gpu_util_p50_pct, "gpu_sm_active_p50_pct": m.gpu_sm_active_p50_pct,
+                  "gpu_sm_occupancy_p50_pct": m.gpu_sm_occupancy_p50_pct,
+                  "gpu_tensor_active_p50_pct": m.gpu_tensor_active_p50_pct},
+        thresholds={"gpu_util_p50_pct": th.GPU_BUSY_UTIL_PCT, "gpu_sm_active_p50_pct": th.SM_ACTIVE_LOW_PCT},
+    )

@@ -102,6 +102,8 @@ def patch_torch(probe: Probe) -> None:
 
 def unpatch_torch() -> None:
     global _probe
+    if _probe is not None:
+        _probe.cuda.unwatch_optimizer()
     _probe = None
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch, worker
@@ -275,7 +277,9 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
     probe = state.probe
     timing = probe.cuda
     try:
-        start_event = timing.event() if timing.seen else None
+        # On the stream the steps run on (cuda.py), never the one current inside next() (a prefetcher's).
+        stream = timing.stream if timing.seen else None
+        start_event = timing.event(stream) if stream is not None else None
         cpu0 = time.process_time() if index == state.cpu_at else None
         thread0 = time.thread_time() if cpu0 is not None else None
     except Exception as error:
@@ -301,7 +305,7 @@ def _next_in_detail(iterator: Any, state: IteratorState, index: int, original: C
         samples = samples_of(state, index, batch)
         state.rows.append((index, t_request, t_deliver, samples, cpu_s, thread_cpu_s))
         if start_event is not None:
-            end_event = timing.event()
+            end_event = timing.event(stream)
             if end_event is not None:
                 timing.step(state, index, start_event, end_event, t_deliver)
         if state.training:

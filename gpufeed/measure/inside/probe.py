@@ -63,7 +63,7 @@ class Probe:
         self.training_loader_seen = False  # a training DataLoader paces the loop (else loop.py does)
         self.deadline: float | None = None
         self.warmup_steps = warmup_steps
-        self.cuda = cuda.CudaTiming()
+        self.cuda = cuda.CudaTiming(emit=self.event)  # its cuda_device and cuda_stream events
         self.fork_probe = ForkProbe.plan(warmup_steps)
         # The hot path compares one integer; the limits (and whether CUDA came into use) are looked
         # at only from this step on.
@@ -134,7 +134,7 @@ class Probe:
         self._stop.set()
         self.flush(final=True)
         self._writer.write({"kind": "exit", "pid": self.pid, "t": _clock(), "reason": reason,
-                            "exit_code": self.exit_code, "error": self.exit_error, **memory_at_exit()})
+                            "exit_code": self.exit_code, "error": self.exit_error, **memory_at_exit(self.cuda.device)})
         self._writer.close()
 
     # -- recording -----------------------------------------------------------------------------
@@ -224,16 +224,17 @@ class Probe:
     # -- CUDA ----------------------------------------------------------------------------------
     def cuda_in_use(self) -> bool:
         """True once the training process has initialised CUDA (never initialises it itself); the
-        first time, copies to the GPU start being timed and the device is recorded."""
+        first time, copies to the GPU start being timed and the optimizer's first step is watched for
+        the job's device."""
         if self.cuda.seen:
             return True
         if not cuda.initialized():
             return False
+        # The job's device is not asked of torch.cuda.current_device(): the copies and the optimizer's
+        # parameters name it (cuda.py), and its cuda_device event is written then.
         cuda.patch_h2d(self.cuda)
+        self.cuda.watch_optimizer()
         self.cuda.seen = True
-        device = cuda.device_fields()
-        if device is not None:
-            self.event("cuda_device", **device)
         return True
 
     def use_cuda(self) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import sys
 
 
-def memory_at_exit() -> dict[str, int]:
+def memory_at_exit(cuda_device: int | None = None) -> dict[str, int]:
     """This process's memory high-water marks, and its private memory, read once at exit.
 
     The kernel's peak resident set (``gpufeed batch-size`` fits it): the sampler's 10 Hz readings
     miss a step's short peak. Private memory (USS): a forked DataLoader worker shares its parent's
     pages, and copy-on-read shows only there, not in the resident set. Once the process uses CUDA
-    (never initialised here), the caching allocator's peaks and the device's size.
+    (never initialised here), the caching allocator's peaks and the size of ``cuda_device``, the job's
+    device (cuda.py); none where it is not known (the current device may be a GPU the job never used).
     """
     peaks: dict[str, int] = {}
     rss, (uss, shared) = rss_peak_b(), private_and_shared_b()
@@ -24,11 +25,11 @@ def memory_at_exit() -> dict[str, int]:
     if shared is not None:
         peaks["shared_b"] = shared
     cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and cuda.is_initialized():
+    if cuda is not None and cuda_device is not None and cuda.is_initialized():
         try:
-            peaks["cuda_mem_peak_b"] = int(cuda.max_memory_allocated())
-            peaks["cuda_mem_reserved_peak_b"] = int(cuda.max_memory_reserved())
-            peaks["cuda_mem_total_b"] = int(cuda.get_device_properties(cuda.current_device()).total_memory)
+            peaks["cuda_mem_peak_b"] = int(cuda.max_memory_allocated(cuda_device))
+            peaks["cuda_mem_reserved_peak_b"] = int(cuda.max_memory_reserved(cuda_device))
+            peaks["cuda_mem_total_b"] = int(cuda.get_device_properties(cuda_device).total_memory)
         except Exception:
             pass  # a measurement never breaks the exit
     return peaks

@@ -374,13 +374,22 @@ class HostReader:
 
     @staticmethod
     def _gpu_dict(g: GpuReading) -> dict[str, Any]:
-        return {
+        out = {
             "index": g.index,
             "util_pct": g.util_pct,
             "mem_used_b": g.mem_used_b,
             "mem_total_b": g.mem_total_b,
             "procs": {str(pid): used_b for pid, used_b in g.procs.items()},
+            "sm_active_pct": g.sm_active_pct,
+            "sm_occupancy_pct": g.sm_occupancy_pct,
+            "tensor_active_pct": g.tensor_active_pct,
+            "gpm_na": g.gpm_na,
         }
+        if g.util_na is not None:
+            out["util_na"] = g.util_na
+        if g.mig:
+            out["mig"] = g.mig
+        return out
 
     # -- on demand ----------------------------------------------------------------------------
 

@@ -87,6 +87,9 @@ class Sampler:
             "samples": self.samples,
             "cpu_s": self.cpu_s,
             "gpu_error": self.gpu_error,
+            # The cost of the GPM part of a reading, measured: seconds per GPU read.
+            "gpm_s_per_read": (self.reader.nvml.gpm_s / self.reader.nvml.gpm_reads
+                               if getattr(self.reader.nvml, "gpm_reads", 0) else None),
             # Which GPU is which, for matching the job's own (analysis/gpus.py).
             "gpus": self._devices,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
