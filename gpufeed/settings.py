@@ -234,6 +234,9 @@ class Overrides:
     site: str | None = None
     stack: tuple[str, ...] | None = None
     role: str | None = None
+    # The user's own DataLoader(...) call a framework rebuilt the loader from, where the framework
+    # rebuilds several at one line of its own (accelerate's prepare(train, eval)).
+    origin: str | None = None
 
     framework = "pytorch"
     ENV: ClassVar[str] = ENV_LOADER_OVERRIDES
@@ -251,11 +254,16 @@ class Overrides:
             data["stack"] = list(self.stack)
         if self.role is not None:
             data["role"] = self.role
+        if self.origin is not None:
+            data["origin"] = self.origin
         return data
 
-    def matches(self, site: str | None, stack: list[str], built_as: str | None) -> bool:
+    def matches(self, site: str | None, stack: list[str], built_as: str | None,
+                origin_site: str | None = None) -> bool:
         """Whether the loader being built at ``site`` is the one these settings are for."""
         if self.site is not None and site != self.site:
+            return False
+        if self.origin is not None and origin_site != self.origin:
             return False
         if self.stack is not None and tuple(stack) != self.stack:
             return False
@@ -267,14 +275,15 @@ class Overrides:
             return "every DataLoader"
         which = " (the training one)" if self.role == TRAIN else ""
         called = f", called from {self.stack[0]}" if self.stack else ""
-        return f"the DataLoader built at {self.site}{called}{which}"
+        rebuilt = f", rebuilt from the one built at {self.origin}" if self.origin else ""
+        return f"the DataLoader built at {self.site}{called}{rebuilt}{which}"
 
     @classmethod
     def from_json(cls, text: str, where: str = "the config") -> "Overrides":
         data = parse_json(text, where)
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be a JSON object")
-        unknown = set(data) - {"format", "framework", "site", "stack", "role", "settings", "samples_per_s",
+        unknown = set(data) - {"format", "framework", "site", "stack", "role", "origin", "settings", "samples_per_s",
                                "speedup", "command", "note"}
         if unknown:
             raise ValueError(f"unknown key {sorted(unknown)[0]!r} in {where} (known: format, site, stack, role, settings)")
@@ -292,8 +301,11 @@ class Overrides:
         role = data.get("role")
         if role not in (None, TRAIN, EVAL):
             raise ValueError(f"role in {where} must be {TRAIN!r}, {EVAL!r} or null")
+        origin = data.get("origin")
+        if origin is not None and not isinstance(origin, str):
+            raise ValueError(f"origin in {where} must be a string like 'train.py:42' or null")
         return cls(LoaderSettings.from_dict(data.get("settings", {}), f"{where}: settings"), site,
-                   None if stack is None else tuple(stack), role)
+                   None if stack is None else tuple(stack), role, origin)
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import gc
 import os
 import sys
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -107,3 +108,32 @@ def test_tune_targets_the_training_loader_by_its_stack_when_a_helper_builds_both
     hf_eval = summary("accelerate/data_loader.py:441", ["train.py:60"], roles.EVAL, 10)
     target = training_target(hf_train, [hf_train, hf_eval])
     assert target.stack is None and target.role == roles.TRAIN
+
+
+def test_loaders_a_framework_rebuilds_at_one_line_stay_apart(tmp_path):
+    """accelerate's ``prepare(train, eval)`` rebuilds both loaders at one line of its own: the evaluation
+    pass (iterated with gradients on, as accelerate's examples do) is not the training loader's steps."""
+    accelerate = pytest.importorskip("accelerate")
+    with gpufeed.profile(out=tmp_path / "run", warmup_steps=0) as run:
+        train_dl = DataLoader(Squares(n=40), batch_size=4, shuffle=True)
+        eval_dl = DataLoader(Squares(n=16), batch_size=8)
+        train_dl, eval_dl = accelerate.Accelerator(cpu=True).prepare(train_dl, eval_dl)
+        for _epoch in range(2):
+            for _ in train_dl:
+                pass
+            for _ in eval_dl:
+                pass
+    training = [s for s in run.diagnosis.loaders if s.training]
+    assert len(training) == 1 and training[0].steps == 20 and training[0].samples == 80, run.diagnosis.loaders
+    assert {s.config["origin_site"] for s in run.diagnosis.loaders} >= {training[0].config["origin_site"]}
+    assert len({s.config["origin_site"] for s in run.diagnosis.loaders}) == 2
+
+
+def test_an_override_told_by_its_origin_reaches_only_the_loader_rebuilt_from_it():
+    """Two loaders rebuilt at one framework line, from the user's two DataLoader(...) calls: tune's
+    settings carry the training one's origin and match it alone."""
+    target = Overrides(LoaderSettings(num_workers=4), "accelerate/data_loader.py:1100", role=roles.TRAIN,
+                       origin="train.py:30")
+    assert target.matches("accelerate/data_loader.py:1100", ["train.py:50"], None, "train.py:30")
+    assert not target.matches("accelerate/data_loader.py:1100", ["train.py:50"], None, "train.py:31")
+    assert "rebuilt from the one built at train.py:30" in target.target()

@@ -10,6 +10,7 @@ from gpufeed.settings import (ENV_AUTOTUNE, ENV_LOADER_OVERRIDES, ENV_OFFLOAD, A
 @pytest.mark.parametrize("settings", [
     Overrides(LoaderSettings(num_workers=3, persistent_workers=True), site="train.py:12", stack=("train.py:40",),
               role="train"),
+    Overrides(LoaderSettings(num_workers=2), site="accelerate/data_loader.py:1100", role="train", origin="train.py:30"),
     AutotuneSettings(period_s=2.0, max_workers=8),
     OffloadSettings(address="127.0.0.1:6379", workers=4),
 ])

@@ -206,10 +206,13 @@ def _mean(values: np.ndarray) -> float | None:
 
 def loader_summaries(record: RunRecord) -> list[LoaderSummary]:
     """One summary per loader of each process: the DataLoader objects built at one site (``file:line``)
-    for one role are one loader, built once or anew every epoch; without a site, one object."""
+    for one role are one loader, built once or anew every epoch; without a site, one object. A framework
+    that rebuilds the user's loaders at one line of its own (accelerate's ``prepare(train, eval)``)
+    makes one loader per loader of the user's it rebuilt (``origin_site``)."""
     groups: dict[tuple, list[IteratorRecord]] = {}
     for it in record.iterators:
-        where = ("site", it.config.site) if it.config.site is not None else ("loader", it.loader_id)
+        where = (("site", it.config.site, it.config.origin_site) if it.config.site is not None
+                 else ("loader", it.loader_id))
         groups.setdefault((it.pid, where, it.role), []).append(it)
     summaries = []
     lanes = [((pid, role), lane) for (pid, _where, role), its in groups.items() for lane in _used_apart(its)]

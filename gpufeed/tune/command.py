@@ -178,9 +178,14 @@ def training_target(training: LoaderSummary, loaders: list[LoaderSummary]) -> Ov
     if site is None:
         return Overrides(LoaderSettings())
     stack = tuple(training.config.get("user_stack") or ())
+    origin = training.config.get("origin_site")
     others = [s for s in loaders if s is not training and s.pid == training.pid and s.config.get("site") == site]
     if stack and others and all(tuple(s.config.get("user_stack") or ()) != stack for s in others):
         return Overrides(LoaderSettings(), site, stack=stack, role=schema.ROLE_TRAIN)
+    if origin and others and all(s.config.get("origin_site") != origin for s in others):
+        # One framework line rebuilt them all from one call of the user's (accelerate's prepare):
+        # the user's own DataLoader(...) call tells them apart.
+        return Overrides(LoaderSettings(), site, role=schema.ROLE_TRAIN, origin=origin)
     return Overrides(LoaderSettings(), site, role=schema.ROLE_TRAIN)
 
 

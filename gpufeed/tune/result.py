@@ -194,7 +194,7 @@ class TuneResult:
             target = self.target.to_dict() if self.target is not None else {"site": self.site}
             return {**target, "settings": self.best.settings.to_dict(), "samples_per_s": self.best.samples_per_s,
                     "speedup": self.speedup, "command": self.command}
-        which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role")} if self.target else {}
+        which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role", "origin")} if self.target else {}
         return {"format": CONFIG_FORMAT, "framework": "pytorch", "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command,
                 "note": self.stream_note()}

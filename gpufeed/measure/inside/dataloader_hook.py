@@ -39,6 +39,7 @@ class Building:
     user_stack: list[str]
     built_as: str | None
     arguments: dict[str, Any]         # the keyword arguments, as bound to this ``__init__``
+    origin_site: str | None = None    # the user's loader a framework rebuilds this one from (roles.user_code)
     # Run once the new arguments are the ones the loader is built with (a provider's report of them).
     on_given: list[Callable[[], None]] = field(default_factory=list)
 
@@ -218,8 +219,8 @@ def _built(loader, signature, accepts, var_keyword, var_positional, outermost, a
         wanting = [p for p in _providers if type(p).building is not Provider.building]
         if not wanting:
             return args, kwargs
-        _building.ids[id(loader)] = (site, user["user_stack"], built_as)
-    site, user_stack, built_as = _building.ids[id(loader)]
+        _building.ids[id(loader)] = (site, user["user_stack"], built_as, user.get("origin_site"))
+    site, user_stack, built_as, origin_site = _building.ids[id(loader)]
     try:
         bound = signature.bind(loader, *args, **kwargs)
     except TypeError:  # arguments the class refuses anyway: let it say so, in its own words
@@ -231,7 +232,7 @@ def _built(loader, signature, accepts, var_keyword, var_positional, outermost, a
             p.kind is p.POSITIONAL_ONLY for p in signature.parameters.values() if p.name in bound.arguments
             and p.name != "self"):
         return args, kwargs  # not callable by keyword: a deeper __init__ gets the chance
-    building = Building(loader, site, user_stack, built_as, arguments)
+    building = Building(loader, site, user_stack, built_as, arguments, origin_site)
     changed = False
     for provider in _providers:
         new = provider.building(building)

@@ -97,7 +97,7 @@ class OverrideProvider(Provider):
         self.applied = _Applied(overrides, report is None)
 
     def building(self, building: Building) -> dict[str, Any] | None:
-        if not self.overrides.matches(building.site, building.user_stack, building.built_as):
+        if not self.overrides.matches(building.site, building.user_stack, building.built_as, building.origin_site):
             self.applied.missed(building.site)
             return None
         arguments, refused = apply(building.arguments, self.overrides.settings)
