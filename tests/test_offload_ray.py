@@ -135,7 +135,7 @@ class _WithConnection(Augmented):
 def test_a_dataset_that_cannot_be_pickled_is_named_in_one_sentence(offloaded):
     offloaded()
     with pytest.raises(OffloadError, match=r"dataset\.labels\['db'\] \(a sqlite3\.Connection\) cannot be pickled"):
-        hook._state.iterator(_loader(_WithConnection()))
+        hook._state._ray_batches(_loader(_WithConnection()))  # the provider turns this error into one sentence and exit 3
 
 
 def test_lost_cluster_falls_back_to_local_workers_from_the_first_batch_not_delivered(offloaded, monkeypatch, capsys):
