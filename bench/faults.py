@@ -6,7 +6,7 @@ checks: the exit code, that the run record is intact (``gpufeed analyze`` reads 
 diagnosis was printed, and that no process carrying the marker is left 2 s after gpufeed ended.
 
     python bench/faults.py            # every scenario (about 3 minutes on 2 busy cores)
-    python bench/faults.py --fast     # the fast half (CI runs it: tests/test_faults.py)
+    python bench/faults.py --fast     # the fast half (CI runs it: tests/integration/test_faults.py)
 
 Prints one table and a last line ``N/N scenarios survived, 0 processes left, 0 records lost``;
 exits 1 if any scenario did not survive.

@@ -702,20 +702,15 @@ def _gpu_metrics(m: Metrics, record: RunRecord, window: tuple[float, float], tra
         m.gpu_gpm_na = "; ".join(reasons) if reasons else "not recorded"
 
 
-def _h2d_column(rows: H2dRows, name: str) -> np.ndarray:
-    """A column of the h2d rows the typed view does not name (NaN in older records)."""
-    return np.asarray(rows)[:, schema.H2D_COLUMNS.index(name)]
-
-
 def _copy_kinds(m: Metrics, inside: H2dRows) -> None:
     """Which copies stall the GPU (pinned ones on the steps' stream: the kernels queued after them wait,
     whatever the host does), and what the pageable ones are made by."""
-    on_step = _h2d_column(inside, "on_step_stream")
+    on_step = inside.on_step_stream
     pinned = inside.pinned == 1
     if m.wall_s and np.isfinite(on_step[pinned]).any():
         m.h2d_stall_share = _copy_seconds(inside[pinned & (on_step == 1)]) / m.wall_s
     pageable = ~pinned
-    api, asked = _h2d_column(inside, "api")[pageable], _h2d_column(inside, "non_blocking")[pageable]
+    api, asked = inside.api[pageable], inside.non_blocking[pageable]
     nbytes = inside.bytes[pageable]
     known = np.isfinite(api)
     if known.any() and nbytes[known].sum() > 0:

@@ -138,6 +138,9 @@ class H2dRows(Rows):
     host_s = column("host_s")
     pinned = column("pinned")
     copy_s = column("copy_s")
+    non_blocking = column("non_blocking")      # as the copy asked (NaN in older records)
+    on_step_stream = column("on_step_stream")  # queued on the stream the step runs on
+    api = column("api")                        # what made it: .to(), copy_(), as_tensor(), tensor()
 
 
 class ProcRow(namedtuple("ProcRow", schema.PROC_COLUMNS)):

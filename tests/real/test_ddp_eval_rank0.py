@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.real.real_run import SCRIPTS, diagnose, line_of
-from tests.test_cli import assert_nothing_left_running
-from tests.test_distributed import torchrun
+from tests.integration.test_cli import assert_nothing_left_running
+from tests.integration.test_distributed import torchrun
 
 SCRIPT = SCRIPTS / "ddp_eval_rank0.py"
 

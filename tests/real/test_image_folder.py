@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from tests.real.real_run import diagnose, finding, line_of, python, SCRIPTS
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 
 def test_restarted_worker_is_the_headline_and_the_first_fix(tmp_path):

@@ -9,7 +9,7 @@ import os
 import sys
 
 from tests.real.real_run import SCRIPTS, diagnose, gpufeed, run_env, training_loader
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 SCRIPT = SCRIPTS / "keras_like.py"
 

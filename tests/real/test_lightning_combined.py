@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("lightning")
 
 from tests.real.real_run import diagnose, line_of, own_samples_per_s, python, SCRIPTS
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 SCRIPT = SCRIPTS / "lightning_combined.py"
 

@@ -10,7 +10,7 @@ pytest.importorskip("lightning")
 
 from tests.real.real_run import (SCRIPTS, assert_training_loader_only, diagnose, line_of, own_samples_per_s, python,
                                  training_loader, tune_then_one_trial)
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 SCRIPT = SCRIPTS / "lightning_val.py"
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from gpufeed.analysis.rules import EXPLAINED_BY
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "moderate_wait.py"
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.real.real_run import SCRIPTS, diagnose, finding, line_of, own_samples_per_s, python, training_loader
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 SCRIPT = SCRIPTS / "rebuilt_loader.py"
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.test_cli import WORKLOADS, assert_nothing_left_running
+from tests.integration.test_cli import WORKLOADS, assert_nothing_left_running
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU affinity is Linux-only")
 

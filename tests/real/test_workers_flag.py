@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tests.real.real_run import SCRIPTS, diagnose, line_of, python
-from tests.test_cli import assert_nothing_left_running
+from tests.integration.test_cli import assert_nothing_left_running
 
 
 def test_the_fix_names_the_scripts_workers_flag(tmp_path):

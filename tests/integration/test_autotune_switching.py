@@ -1,0 +1,305 @@
+"""Exactly once, provably: every sample index a SwitchingLoader delivers, with switches at every
+possible point, against a plain DataLoader run with the same seed (real worker processes, on CPU).
+
+Each run also reads the main process's random stream after every epoch: a switch must leave it as
+the plain run leaves it, or later epochs' shuffles (and the user's own draws) would differ.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+
+from gpufeed.autotune.switching import SwitchingLoader, normalized, worker_died
+from gpufeed.settings import LoaderSettings
+
+from tests.paths import REPO
+
+
+ROOT = REPO
+SEED = 1234
+EPOCHS = 2
+
+
+class Indexed(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+class WorkerSeeds(Indexed):
+    """Each item with the torch seed of the process that made it: a worker's seed is base_seed + id."""
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return i, torch.initial_seed() % 100_003
+
+
+class Sharded(IterableDataset):
+    """Split between workers by get_worker_info(), as the torch docs show."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, self.n, step))
+
+
+class EagerRandomBatches:
+    """A custom batch sampler that shuffles from the global generator when iter() is called (not
+    lazily, as a generator would): the draw comes before the DataLoader's base seed."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        order = torch.randperm(self.n).tolist()
+        sizes = [3, 1, 4, 2, 5]
+        batches, at = [], 0
+        for k in range(len(order)):
+            size = sizes[k % len(sizes)]
+            if at >= len(order):
+                break
+            batches.append(order[at:at + size])
+            at += size
+        return iter(batches)
+
+    def __len__(self) -> int:
+        return len(list(iter(self)))
+
+
+class DiesAtThreeWorkers(Indexed):
+    """A worker of a three-worker pool kills itself at one index, as the OOM killer would."""
+
+    def __getitem__(self, i: int) -> int:
+        info = get_worker_info()
+        if info is not None and info.num_workers == 3 and i == 7:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+
+def _items(batch) -> list:
+    if isinstance(batch, (list, tuple)):  # (indices, seeds): one pair per sample
+        return list(zip(*(t.tolist() for t in batch)))
+    return [batch] if isinstance(batch, int) else batch.tolist()
+
+
+def _run(loader, epochs: int = EPOCHS, switches: dict | None = None, set_epoch: bool = False):
+    """(batches per epoch, a main-process draw after each epoch). ``switches`` maps (epoch, k) to
+    settings requested just before the k-th ``next()`` of that epoch (k=0: right after iter(), while
+    the workers start)."""
+    switches = switches or {}
+    epochs_out, draws = [], []
+    for epoch in range(epochs):
+        if set_epoch:
+            loader.sampler.set_epoch(epoch)
+        batches, it, k = [], iter(loader), 0
+        while True:
+            if (epoch, k) in switches:
+                loader.request(switches[(epoch, k)])
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            batches.append(_items(batch))
+            k += 1
+        epochs_out.append(batches)
+        draws.append(torch.randint(0, 2 ** 31, (1,)).item())
+    return epochs_out, draws
+
+
+def _plain(make, **kw):
+    torch.manual_seed(SEED)
+    return _run(make(), **kw)
+
+
+def _switched(make, switches=None, **kw):
+    torch.manual_seed(SEED)
+    loader = SwitchingLoader(make())
+    try:
+        return _run(loader, switches=switches, **kw), loader
+    finally:
+        loader.close()
+
+
+W1 = LoaderSettings(num_workers=1, prefetch_factor=3)
+W0 = LoaderSettings(num_workers=0)
+W3P = LoaderSettings(num_workers=3, prefetch_factor=1, persistent_workers=True)
+
+
+def _shuffled(n=22, batch_size=4, **kw):
+    return lambda: DataLoader(Indexed(n), batch_size=batch_size, shuffle=True, num_workers=2, **kw)
+
+
+def test_no_switch_is_the_plain_run_including_worker_seeds():
+    make = lambda: DataLoader(WorkerSeeds(12), batch_size=3, shuffle=True, num_workers=2)
+    (batches, draws), _ = _switched(make)
+    assert (batches, draws) == _plain(make)
+    seeds = {seed for epoch in batches for batch in epoch for _, seed in batch}
+    assert len(seeds) == 2 * EPOCHS  # two workers per epoch, fresh base seed each epoch
+
+
+class Switches:
+    """A listener that only notes where each switch happened."""
+
+    def __init__(self) -> None:
+        self.where: list[str] = []
+
+    def on_batch(self, *args):
+        return None
+
+    def on_switch(self, old, new, where, t) -> None:
+        self.where.append(where)
+
+    def on_epoch(self, epoch) -> None:
+        pass
+
+
+@pytest.mark.parametrize("at", range(0, 13))
+def test_a_mid_epoch_switch_at_every_point(at):
+    """22 samples, batches of 2 with drop_last: 11 batches; k=0 is while the workers start, k=10
+    before the last batch, k=11 after it, k=12 after the epoch ended (then at the next one's start).
+    Once the old pool has taken the last batches of the order, the switch waits for the next epoch."""
+    make = _shuffled(batch_size=2, drop_last=True)
+    switches = {(0, at): W1, (1, at): W3P, (1, at + 1): W0}
+    torch.manual_seed(SEED)
+    loader = SwitchingLoader(make(), listener=Switches())
+    try:
+        batches, draws = _run(loader, switches=switches)
+    finally:
+        loader.close()
+    assert (batches, draws) == _plain(make)
+    assert [len(b) for b in batches] == [11, 11]
+    assert loader.samples_delivered == 2 * 11 * 2
+    if at <= 5:  # the first pool (2 workers x prefetch 2) has not taken the whole order yet
+        assert loader.listener.where[:2] == ["mid-epoch", "mid-epoch"]
+
+
+def test_every_sample_once_without_drop_last():
+    make = _shuffled(n=23, batch_size=5)
+    (batches, draws), loader = _switched(make, {(0, 1): W1, (0, 2): W0, (0, 3): W3P, (1, 2): W1})
+    assert (batches, draws) == _plain(make)
+    assert sorted(i for b in batches[0] for i in b) == list(range(23))
+    assert loader.samples_delivered == 2 * 23
+
+
+def test_persistent_workers_as_the_users_setting():
+    make = _shuffled(persistent_workers=True)
+    (batches, draws), _ = _switched(make, {(0, 2): W1, (1, 0): LoaderSettings(num_workers=2, persistent_workers=True)},
+                                    epochs=3)
+    assert (batches, draws) == _plain(make, epochs=3)
+
+
+def test_distributed_sampler():
+    make = lambda: DataLoader(Indexed(30), batch_size=4, num_workers=2,
+                              sampler=DistributedSampler(Indexed(30), num_replicas=2, rank=1, shuffle=True, seed=7))
+    (batches, draws), _ = _switched(make, {(0, 1): W0, (1, 3): W3P}, set_epoch=True)
+    assert (batches, draws) == _plain(make, set_epoch=True)
+    assert batches[0] != batches[1]  # set_epoch reshuffled through the wrapper
+
+
+def test_custom_batch_sampler_drawing_before_the_base_seed():
+    make = lambda: DataLoader(Indexed(17), batch_sampler=EagerRandomBatches(17), num_workers=2)
+    (batches, draws), _ = _switched(make, {(0, 2): W1, (1, 0): W0, (1, 4): W3P})
+    assert (batches, draws) == _plain(make)
+
+
+def test_batch_size_none_and_main_process_loading():
+    make = lambda: DataLoader(Indexed(9), batch_size=None, shuffle=True, num_workers=0)
+    (batches, draws), loader = _switched(make, {(0, 3): W1, (1, 5): W0})
+    assert (batches, draws) == _plain(make)
+    assert loader.samples_delivered == 18
+
+
+def test_iterable_dataset_switches_only_at_epoch_boundaries_and_keeps_its_workers():
+    make = lambda: DataLoader(Sharded(20), batch_size=3, num_workers=2)
+    switches = {(0, 2): LoaderSettings(num_workers=3, prefetch_factor=4), (1, 0): LoaderSettings(prefetch_factor=1)}
+    (batches, draws), loader = _switched(make, switches, epochs=3)
+    assert (batches, draws) == _plain(make, epochs=3)
+    assert loader.settings.num_workers == 2  # the worker count decides which items come: never changed
+    assert loader.settings.prefetch_factor == 1 and loader.switches == 2  # at epochs 2 and 3's starts
+
+
+def test_a_worker_killed_mid_epoch_loses_nothing_after_backing_off():
+    make = lambda: DataLoader(DiesAtThreeWorkers(24), batch_size=2, num_workers=2)
+    (batches, draws), loader = _switched(make, {(0, 1): LoaderSettings(num_workers=3)})
+    assert (batches, draws) == _plain(make)
+    assert loader.settings == loader.user  # backed off to the user's own settings
+
+
+def test_a_worker_killed_at_the_users_own_settings_raises_as_a_plain_run_does():
+    """torch says "DataLoader worker (pid N) is killed by signal", or, when the kill lands just after
+    the worker queued a batch, re-raises the ConnectionResetError of fetching it: either is what a
+    plain run raises, and neither is swallowed. In a process of its own: torch's SIGCHLD handler can
+    raise its error a moment after the first, in whatever code runs then (CI: inside pytest.raises'
+    own exit), so the process's last words are what a plain run would end with."""
+    child = textwrap.dedent("""
+        from torch.utils.data import DataLoader
+        from gpufeed.autotune.switching import SwitchingLoader
+        from tests.integration.test_autotune_switching import DiesAtThreeWorkers
+        loader = SwitchingLoader(DataLoader(DiesAtThreeWorkers(24), batch_size=2, num_workers=3))
+        try:
+            list(loader)
+        finally:
+            loader.close()
+        print("delivered every batch")
+    """)
+    ran = subprocess.run([sys.executable, "-c", child], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    last = ran.stderr.strip().splitlines()[-1] if ran.stderr.strip() else ""
+    assert ran.returncode != 0 and "delivered every batch" not in ran.stdout, ran.stdout
+    said = last.partition(": ")[2]  # torch: "... is killed by signal: Killed." or "... exited unexpectedly"
+    assert (last.startswith("RuntimeError:") and worker_died(RuntimeError(said))) \
+        or last.startswith("ConnectionResetError:"), ran.stderr[-2000:]
+
+
+class _Workers:
+    def __init__(self, *alive: bool) -> None:
+        self._workers = [type("P", (), {"is_alive": lambda self, a=a: a})() for a in alive]
+
+
+def test_a_connection_error_is_a_death_only_when_a_worker_is_gone():
+    assert worker_died(RuntimeError("DataLoader worker (pid 7) is killed by signal: Killed."))
+    assert not worker_died(RuntimeError("Caught ValueError in DataLoader worker process 0."))
+    assert worker_died(ConnectionResetError(104, "Connection reset by peer"), _Workers(True, False))
+    assert not worker_died(ConnectionResetError(104, "Connection reset by peer"), _Workers(True, True))
+    assert not worker_died(ConnectionResetError(104, "Connection reset by peer"))   # no pool to look at
+    assert not worker_died(ValueError("the dataset's own"), _Workers(False))
+
+
+class _ToldWhileWaiting:
+    """A pool whose death torch's SIGCHLD handler reports (raising) while the autotuner waits for it."""
+
+    def __init__(self, told: RuntimeError) -> None:
+        self.told, self.calls = told, 0
+        self._workers = [self]
+
+    def is_alive(self) -> bool:
+        self.calls += 1
+        if self.calls == 2:
+            raise self.told
+        return True
+
+
+def test_torchs_own_word_of_a_death_while_waiting_for_it_is_that_death():
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    assert worker_died(reset, _ToldWhileWaiting(RuntimeError("DataLoader worker (pid 9) is killed by signal: Killed.")))
+    with pytest.raises(RuntimeError, match="something else"):  # not torch's word of a death: not swallowed
+        worker_died(reset, _ToldWhileWaiting(RuntimeError("something else")))
+
+
+def test_settings_are_spelled_one_way():
+    user = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=False, pin_memory=False)
+    assert normalized(LoaderSettings(num_workers=0, prefetch_factor=4), user) == normalized(LoaderSettings(num_workers=0), user)
+    assert normalized(LoaderSettings(), user) == user

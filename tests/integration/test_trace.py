@@ -1,0 +1,168 @@
+"""``gpufeed trace``: the Chrome trace-event format, checked field by field.
+
+Perfetto's Python trace processor downloads its engine at run time, which this project's machines
+cannot, so the check is a schema check of the format's documented rules (phases, required fields,
+units) plus what a viewer relies on: complete slices nest on their thread, async begin/end pairs
+match, and counters hold numbers only.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gpufeed import cli
+from gpufeed.present.trace import GPU_PID_BASE, HOST_PID, trace, write_trace
+from gpufeed.record.reader import load_run
+from tests.synthetic import MAIN_PID, Scenario, write_run
+from tests.integration.test_report import TRAIN, gpufeed
+
+PHASES = {"X", "B", "E", "i", "I", "C", "M", "b", "e", "n"}
+METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index"}
+
+
+def _no_nan(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON: a trace viewer rejects it")
+
+
+def validate(path: Path) -> list[dict]:
+    """Check the trace against the trace-event format; return its events."""
+    doc = json.loads(path.read_text(), parse_constant=_no_nan)
+    assert isinstance(doc, dict) and isinstance(doc["traceEvents"], list)
+    assert doc.get("displayTimeUnit", "ms") in ("ms", "ns")
+    events = doc["traceEvents"]
+    slices: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    open_async: dict[tuple, int] = defaultdict(int)
+    for e in events:
+        assert e["ph"] in PHASES, e
+        assert isinstance(e["name"], str) and e["name"], e
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int), e
+        if e["ph"] == "M":
+            assert e["name"] in METADATA and isinstance(e["args"], dict), e
+            continue
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
+            slices[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+        elif e["ph"] == "C":
+            assert e["args"] and all(isinstance(v, (int, float)) and math.isfinite(v) for v in e["args"].values()), e
+        elif e["ph"] in ("b", "e"):
+            assert isinstance(e["cat"], str) and "id" in e, e
+            open_async[(e["pid"], e["cat"], e["id"], e["name"])] += 1 if e["ph"] == "b" else -1
+        elif e["ph"] == "i":
+            assert e.get("s", "t") in ("g", "p", "t"), e
+    assert all(v == 0 for v in open_async.values()), "every async begin has its end"
+    for track, spans in slices.items():
+        stack: list[float] = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and start >= stack[-1] - 0.2:
+                stack.pop()
+            assert not stack or end <= stack[-1] + 0.2, f"slices overlap without nesting on {track}"
+            stack.append(end)
+    return events
+
+
+def test_real_run(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    result = gpufeed(["diagnose", "--warmup", "0", "--out", "run", "--", sys.executable, "train.py"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    result = gpufeed(["trace", "run", "-o", "t.json"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stderr
+    events = validate(tmp_path / "t.json")
+    names = {e["args"]["name"]: e["pid"] for e in events if e["name"] == "process_name"}
+    worker = names["DataLoader worker 0"]
+    main = next(pid for name, pid in names.items() if name.startswith("training"))
+    by_track = defaultdict(set)
+    for e in events:
+        if e["ph"] != "M":
+            by_track[e["pid"]].add(e["name"])
+    assert {"step", "data wait", "DataLoader start-up (loader 0)", "CPU % of one core"} <= by_track[main]
+    assert {"batch", "CPU % of one core"} <= by_track[worker]
+    assert {"CPU %", "CPU % per core", "memory GiB"} <= by_track[HOST_PID]
+    steps = [e for e in events if e["name"] == "step"]
+    assert len(steps) == 20  # 160 samples in batches of 8
+    # In microseconds: each step sleeps 5 ms, and a batch takes its one worker 8 x 3 ms to read.
+    durations = sorted(e["dur"] for e in steps[:-1])
+    assert 5_000 <= durations[len(durations) // 2] <= 200_000, durations
+
+
+def test_gpu_counters_and_a_stall(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(gpu_util_pattern=[0.0, 95.0], stall_s=5.0))
+    events = validate(write_trace(run, tmp_path / "t.json"))
+    util = [e["args"]["util"] for e in events if e["pid"] == GPU_PID_BASE and e["name"] == "utilization %"]
+    assert set(util) == {0.0, 95.0}
+    assert any(e["ph"] == "i" and e["name"].startswith("stall") and e["pid"] == MAIN_PID for e in events)
+
+
+def test_missing_readings_are_left_out_not_zero(tmp_path):
+    run = write_run(tmp_path / "run", Scenario())
+    lines = (run / "samples.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first.update(cpu_pct=[], iowait_pct=None)  # the sampler's first line has no CPU rates yet
+    (run / "samples.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    events = trace(load_run(run))["traceEvents"]
+    first_ts = min(e["ts"] for e in events if e["ph"] == "C")
+    at_first = {e["name"] for e in events if e["ph"] == "C" and e["ts"] == first_ts and e["pid"] == HOST_PID}
+    assert at_first == {"memory GiB"}
+
+
+def test_unreadable_dir(tmp_path):
+    result = gpufeed(["trace", str(tmp_path / "nope"), "-o", str(tmp_path / "t.json")], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_BAD_RECORD and "nope is not a directory" in result.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_output_that_cannot_be_written(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(steps_per_epoch=20))
+    (tmp_path / "a-file").write_text("")
+    for verb, name in (("trace", "t.json"), ("report", "r.html")):
+        result = gpufeed([verb, str(run), "-o", str(tmp_path / "a-file" / name)], cwd=tmp_path)
+        assert result.returncode == cli.EXIT_USAGE and "cannot write" in result.stderr, result.stderr
+
+
+def test_times_are_microseconds_and_each_data_wait_lies_in_its_step(tmp_path):
+    """Known synthetic steps: 0.5 ms in next(loader), then 10 ms of compute (Scenario's defaults)."""
+    sc = Scenario(steps_per_epoch=50, wait_s=0.0005, compute_s=0.010)
+    events = validate(write_trace(write_run(tmp_path / "run", sc), tmp_path / "t.json"))
+    steps = sorted((e for e in events if e["name"] == "step"), key=lambda e: e["ts"])
+    waits = sorted((e for e in events if e["name"] == "data wait"), key=lambda e: e["ts"])
+    assert len(steps) == len(waits) == 50
+    step_us, wait_us = (sc.wait_s + sc.compute_s) * 1e6, sc.wait_s * 1e6
+    # Each step runs from its request to the next one; the last ends at its delivery.
+    assert [s["dur"] for s in steps[:-1]] == pytest.approx([step_us] * 49, abs=0.5)
+    assert steps[-1]["dur"] == pytest.approx(wait_us, abs=0.5)
+    assert [w["dur"] for w in waits] == pytest.approx([wait_us] * 50, abs=0.5)
+    assert [b["ts"] - a["ts"] for a, b in zip(steps, steps[1:])] == pytest.approx([step_us] * 49, abs=0.5)
+    for step, wait in zip(steps, waits):
+        assert (step["pid"], step["tid"]) == (wait["pid"], wait["tid"]) == (MAIN_PID, MAIN_PID)
+        assert step["ts"] <= wait["ts"] and wait["ts"] + wait["dur"] <= step["ts"] + step["dur"] + 0.2, (step, wait)
+
+
+def test_autotune_settings_track(tmp_path):
+    run = write_run(tmp_path / "run", Scenario(epochs=3, autotune_pools=3, prefetch_factor=4, warmup_steps=0))
+    assert_settings_traced(run, write_trace(run, tmp_path / "t.json"))
+
+
+def assert_settings_traced(run: Path, path: Path) -> None:
+    """An autotuned run's trace: on the training process's track, a counter of the settings that
+    steps at each switch (your settings first), an instant event per switch, one where it settled."""
+    autotune = sorted((json.loads(line) for f in (run / "events").glob("*.jsonl") for line in f.read_text().splitlines()
+                       if '"autotune"' in line), key=lambda e: e["t"])
+    switches = [e for e in autotune if e["action"] == "switch"]
+    assert switches, "the run switched"
+    events = validate(path)
+    counter = sorted((e for e in events if e["ph"] == "C" and e["name"] == "autotune settings"), key=lambda e: e["ts"])
+    start = next(e for e in autotune if e["action"] == "start")
+    assert [e["args"]["num_workers"] for e in counter] == [start["user"]["num_workers"]] + [
+        e["new"]["num_workers"] for e in switches]
+    assert {e["pid"] for e in counter} == {start["pid"]}
+    instants = sorted((e for e in events if e["ph"] == "i" and e.get("cat") == "autotune"), key=lambda e: e["ts"])
+    said = [e for e in instants if e["name"].startswith("autotune: switched to")]
+    assert [e["name"] for e in said] == [f"autotune: switched to {e['label']} ({e['where']})" for e in switches]
+    assert [e["ts"] for e in said] == [e["ts"] for e in counter[1:]], "each switch where its counter steps"
+    settled = [e for e in autotune if e["action"] == "settled"]
+    assert len([e for e in instants if e["name"].startswith("autotune: settled on")]) == len(settled)
