@@ -18,7 +18,9 @@ grid, the search:
    that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
    once, with the fixes, instead of once per fix);
 3. climbs the worker ladder geometrically while throughput rises (down instead, to the fewest
-   workers that keep up, when the loop does not wait for data);
+   workers that keep up, when the loop does not wait for data), no higher than the model says can
+   help nor than the host's memory holds (``_memory_cap``: each worker's private memory as the runs
+   measured it, against the memory available while they ran);
 4. refines next to the peak, on the side of its better neighbour; tries no workers at all when the
    best run kept every core busy (workers then only add their own cost);
 5. tries deeper prefetch when the best configuration still waits for data, pinned memory with CUDA;
@@ -48,6 +50,8 @@ from gpufeed.settings import LoaderSettings
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
 Measure = Callable[[LoaderSettings, str], TrialRun]
+# (available, total) bytes of the host's memory while a trial's run ran; None where not read.
+MemoryReading = Callable[[Trial], "tuple[float | None, float | None]"]
 
 
 class BaselineFailed(Exception):
@@ -93,8 +97,12 @@ class Search:
     def __init__(self, measure: Measure, baseline: LoaderSettings, cpu_count: int, *,
                  budget_s: float | None = None, max_workers: int | None = None,
                  on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS):
+                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS, memory_available: MemoryReading | None = None):
         self.measure = measure
+        self.memory_available = memory_available or available_in_run
+        # Where host memory capped the worker ladder below what it would otherwise climb: {"workers",
+        # "worker_private_b", "available_b", "total_b", "measured_workers"} (``_memory_cap``); else None.
+        self.memory_cap: dict | None = None
         self.baseline_settings = self.normalise(baseline)
         self.max_workers = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(cpu_count, 1)
         self.budget_s = budget_s
@@ -103,6 +111,7 @@ class Search:
         self.trials: dict[LoaderSettings, Trial] = {}
         self.noise = th.TUNE_NOISE_FLOOR
         self.best: Trial | None = None
+        self._memory_reading: dict = {}
         self._fixes_tried: dict[str, float] = {}  # setting -> how strong its cause was when last tried
         # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
         # None until the model's pick has been measured.
@@ -139,7 +148,7 @@ class Search:
         return TuneResult(command=list(command or []), site=site, baseline=baseline, best=best,
                           trials=sorted((t for t in self.trials.values() if t.runs), key=lambda t: t.id),
                           noise=self.noise, budget_s=self.budget_s, elapsed_s=self.clock() - self._t0,
-                          stopped=stopped, confirmation=self._confirmation)
+                          stopped=stopped, confirmation=self._confirmation, memory_cap=self.memory_cap)
 
     def _confirm(self, baseline: Trial, best: Trial) -> Trial:
         """Alternated pairs of runs, yours then the winner's: the speed-up is the median of their
@@ -272,10 +281,35 @@ class Search:
 
     def _useful_workers(self) -> int:
         """The cap, or fewer where an epoch has fewer batches (``fed_workers``): workers beyond them
-        never get a batch, so they can only measure as fast, in noise, and cost memory."""
+        never get a batch, so they can only measure as fast, in noise, and cost memory; and no more
+        than the host's memory holds (``_memory_cap``)."""
         diagnosis = self.trials[self.baseline_settings].diagnosis if self.baseline_settings in self.trials else None
         costs = getattr(getattr(diagnosis, "what_if", None), "costs", None)
-        return self.max_workers if costs is None else fed_workers(costs, self.max_workers)
+        fed = self.max_workers if costs is None else fed_workers(costs, self.max_workers)
+        memory = self._memory_cap()
+        if memory is None or memory >= fed:
+            return fed
+        self.memory_cap = {**self._memory_reading, "workers": memory}
+        return memory
+
+    def _memory_cap(self) -> int | None:
+        """The most workers whose memory fits: beside the measured run with the most workers (its reading
+        holds theirs), each extra worker takes as much private memory (USS) as the largest worker of any
+        measured run held, within ``TUNE_MEMORY_BUDGET_SHARE`` of the memory available during that run and
+        leaving ``TUNE_MEMORY_MIN_AVAILABLE_SHARE`` of the host's. None where no run read them."""
+        ok = [t for t in self.trials.values() if t.ok and t.diagnosis is not None]
+        per_worker = max((b for b in (getattr(t.diagnosis.metrics, "worker_private_max_b", None) for t in ok) if b),
+                         default=None)
+        read = [(t, *self.memory_available(t)) for t in ok]
+        read = [(t, available, total) for t, available, total in read if available is not None and total]
+        if not per_worker or not read:
+            return None
+        t, available, total = max(read, key=lambda r: (r[0].settings.num_workers or 0, r[0].id))
+        room = min(th.TUNE_MEMORY_BUDGET_SHARE * available, available - th.TUNE_MEMORY_MIN_AVAILABLE_SHARE * total)
+        measured = t.settings.num_workers or 0
+        self._memory_reading = {"worker_private_b": per_worker, "available_b": available, "total_b": total,
+                                "measured_workers": measured}
+        return max(measured + int(max(room, 0.0) // per_worker), 0)
 
     def _with_workers(self, trial: Trial, workers: int) -> LoaderSettings:
         s = trial.settings
@@ -291,7 +325,7 @@ class Search:
         if model is None or model.cannot_predict or model.best is None:
             return None
         best = model.best
-        workers = min(self._model_start(model), self.max_workers)
+        workers = min(self._model_start(model), self._useful_workers())
         # A fix measured faster so far (persistent workers, a thread cap) stays.
         settings = dataclasses.replace(self._with_workers(start, workers), persistent_workers=(
             best.persistent_workers or bool(start.settings.persistent_workers and start.settings.num_workers)))
@@ -495,7 +529,8 @@ class Search:
         best = self.best
         tried = {t.settings.num_workers or 0: t for t in self.trials.values()
                  if t.ok and _same_but_workers(t.settings, best.settings)}
-        self._refine(best.settings.num_workers or 0, tried, th.TUNE_WORKER_REFINE,
+        top = self._useful_workers()
+        self._refine(best.settings.num_workers or 0, tried, tuple(r for r in th.TUNE_WORKER_REFINE if r <= top),
                      lambda r: self._with_workers(best, r), "workers")
 
     def _refine(self, at: int, tried: dict[int, Trial], points: tuple[int, ...],
@@ -582,6 +617,16 @@ class Search:
         ok = [t for t in self.trials.values() if t.ok]
         tied = [t for t in ok if self._tied_with_best(t, th.TUNE_TIE_SHARE_OF_NOISE)]
         return min(tied, key=lambda t: (self.cheapness(t.settings), t.id))
+
+
+def available_in_run(trial: Trial) -> tuple[float | None, float | None]:
+    """(available, total) bytes of host memory during the trial's run: its sampler's largest reading of
+    memory in use (``Metrics.mem_used_max_b``), so the least available, which held the run's workers."""
+    m = getattr(trial.diagnosis, "metrics", None)
+    used, total = getattr(m, "mem_used_max_b", None), getattr(m, "mem_total_b", None)
+    if used is None or not total:
+        return None, None
+    return max(total - used, 0.0), total
 
 
 def _run_noise(trial: Trial) -> float | None:
