@@ -136,11 +136,11 @@ class TuneResult:
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
     target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
     training_config: dict | None = None  # the training loader's config in the first run (for the advice)
-    # The winner against your configuration in alternated pairs of runs (``Search._confirm``):
+    # The winner against your configuration in alternated pairs of runs (``confirm.py``):
     # {"pairs", "ratios", "speedup", "low", "high", "of": the trial confirmed, "kept_yours"?}; None:
     # not confirmed (your configuration won, the budget ran out first, or an older tune.json).
     confirmation: dict | None = None
-    # Host memory capped the worker ladder (``Search._memory_cap``): {"workers": the most it climbed to,
+    # Host memory capped the worker ladder (``memory_cap.workers_that_fit``): {"workers": the most it climbed to,
     # "worker_private_b", "available_b", "total_b", "measured_workers"}; None: it did not.
     memory_cap: dict | None = None
 
