@@ -377,3 +377,39 @@ def test_other_programs_are_named_with_what_they_cost(tmp_path):
 def test_other_programs_stay_quiet_on_a_quiet_machine(tmp_path):
     d = diagnose(tmp_path, dataclasses.replace(CROWDED, host_cpu_pct=80, others=[]))
     assert d.finding("other_programs") is None
+
+
+# Other programs hold 0.4 of 2 cores while 2 workers (8 ms of CPU a batch) feed a 10 ms CPU step: the loop
+# waits 9% of the time, the model puts the run as it ran at a 19% wait (the step slowed by workers on
+# the cores the others took), and on a machine to itself bound by the step alone, waiting 3%.
+CROWDED_STEP = dataclasses.replace(CROWDED, fetch_cpu_s=0.008, wait_s=0.001, fetch_wall_s=0.015,
+                                   others=[[4242, "ffmpeg", 0.6]])
+
+
+def test_the_verdict_is_the_jobs_own_where_other_programs_held_cores(tmp_path):
+    """Issue 31, point 9: the headline is the job on a machine to itself, the run's kept beside it, and
+    other_programs names what the others cost, as a cause of its own."""
+    from gpufeed.present.terminal import headline
+    d = diagnose(tmp_path, CROWDED_STEP)
+    q = d.quiet_machine
+    assert q is not None and q["measured"] == {"bottleneck": "input", "input_bound": "moderately",
+                                               "costs": q["measured"]["costs"]}
+    assert q["measured"]["costs"]["input"] == pytest.approx(0.09, abs=0.01)
+    assert q["limit"] == "compute"
+    assert q["costs"]["input"] == pytest.approx(1 - q["samples_per_s"] / d.what_if.ceiling_samples_per_s)
+    assert d.bottleneck == "compute" and d.input_bound == "not" and d.costs["input"] < 0.05
+    assert d.finding("other_programs") is not None
+    assert any("the headline is the job's own, COMPUTE" in c for c in d.checks)
+    assert headline(d).endswith("; on a machine to itself (measured beside other programs: INPUT, input 9%)")
+    assert d.to_dict()["quiet_machine"]["measured"]["bottleneck"] == "input"
+
+
+@pytest.mark.parametrize("change", [
+    {"others": [], "host_cpu_pct": 80},   # no other program held cores: nothing to tell apart
+    {"fetch_cpu_s": 0.014},               # the cores bind: the step's part and the loader's cannot be told apart
+    {"fetch_cpu_s": 0.004},               # the model beside the others does not reach the run's own band
+])
+def test_the_measured_verdict_stands_where_the_two_cannot_be_told_apart(tmp_path, change):
+    d = diagnose(tmp_path, dataclasses.replace(CROWDED_STEP, **change))
+    assert d.quiet_machine is None and d.bottleneck == "input"
+    assert d.costs["input"] == pytest.approx(d.metrics.data_wait_share, abs=0.02)

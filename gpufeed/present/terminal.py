@@ -8,6 +8,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from gpufeed.analysis import quiet
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics
 from gpufeed.analysis.offloaded import Offload
@@ -121,7 +122,7 @@ def headline(d: Diagnosis) -> str:
     accelerator back and what the others cost, or why nothing could be judged."""
     if d.bottleneck is None:
         return f"NOT MEASURED: {d.not_measured or 'nothing was measured'}"
-    return d.bottleneck.upper() + costs_sentence(d)
+    return d.bottleneck.upper() + costs_sentence(d) + quiet.headline_note(d.quiet_machine)
 
 
 def costs_sentence(d: Diagnosis) -> str:
