@@ -102,7 +102,7 @@ def replay(workload_dir: Path, max_workers: int, log: bool) -> str:
     quality = (grid.get(pick) or 0.0) / grid[grid_best]
     line = (f"| {workload_dir.name} | {baseline.label()} | {pick} | {grid_best} | {quality:.2f} "
             f"| {len(runs)} | {sum(r.elapsed_s for r in runs) / grid_s:.0%} |")
-    agreement = "N/A" if search.model_agreement is None else f"{search.model_agreement:.2f}"
+    agreement = "N/A" if search.model.agreement is None else f"{search.model.agreement:.2f}"
     details = [*asked, f"model agreement {agreement}, noise {search.noise:.3f}"]
     return line + ("\n" + "\n".join(f"    {a}" for a in details) if log else "")
 

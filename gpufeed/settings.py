@@ -118,18 +118,25 @@ class LoaderSettings:
         return cls(**data)
 
     def label(self) -> str:
-        """A short name for tables and directories, e.g. ``w8 p4 persistent t1``."""
+        """A short name for tables and directories, e.g. ``w8 p4 persistent t1``. Settings that act only
+        in workers (prefetch, persistence, the thread cap) are named with ``num_workers`` above 0, left
+        out with 0, and without it (the script's own count) named as acting only with workers:
+        ``p4 (only with workers)``."""
         parts = []
         if self.num_workers is not None:
             parts.append(f"w{self.num_workers}")
-        if self.prefetch_factor is not None and (self.num_workers or 0) > 0:
-            parts.append(f"p{self.prefetch_factor}")
-        if self.persistent_workers and (self.num_workers or 0) > 0:
-            parts.append("persistent")
+        queue = [p for p in (f"p{self.prefetch_factor}" if self.prefetch_factor is not None else None,
+                             "persistent" if self.persistent_workers else None) if p]
+        threads = [f"t{self.worker_threads}"] if self.worker_threads is not None else []
+        workers = (self.num_workers or 0) > 0
+        if workers:
+            parts += queue
+        elif self.num_workers is None and queue + threads:
+            parts.append(" ".join(queue + threads) + " (only with workers)")
         if self.pin_memory:
             parts.append("pinned")
-        if self.worker_threads is not None and (self.num_workers or 0) > 0:
-            parts.append(f"t{self.worker_threads}")
+        if workers:
+            parts += threads
         if self.batch_size is not None:
             parts.append(f"b{self.batch_size}")
         return " ".join(parts) or "as is"

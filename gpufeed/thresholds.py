@@ -194,6 +194,16 @@ TUNE_MODEL_AGREEMENT = 0.15
 TUNE_MODEL_CHECK_FACTOR = 8
 # Deeper prefetch is tried once the best configuration still waits for data at least this much.
 TUNE_PREFETCH_CHOICES = (2, 4)
+# Host memory: the worker ladder does not climb to a rung whose extra workers (each as much private
+# memory as the measured runs' largest worker held) would take more than this share of the memory the
+# host had available during the run with the most workers (tf.data AUTOTUNE's RAM budget is half the
+# available memory, core/framework/model.cc; --autotune's guard is the same, AUTOTUNE_RAM_BUDGET_SHARE):
+# a worker's private memory read at the end of a trial of seconds is a lower bound of what it holds later
+# in a long run, where its copy-on-read growth can reach the dataset's Python objects (pytorch#13246)...
+TUNE_MEMORY_BUDGET_SHARE = 0.5
+# ...nor to one that would leave less than this share of the host's memory available (the kernel's OOM
+# killer ends the largest process when memory runs out: --autotune's AUTOTUNE_MIN_AVAILABLE_SHARE).
+TUNE_MEMORY_MIN_AVAILABLE_SHARE = 0.10
 # tf.data (gpufeed tune on a TensorFlow script): num_parallel_calls tried on the way up, from 2 (the
 # script's own sequential map is the baseline) to the same per-core cap as workers, since a stage
 # that waits on storage (or a Python call that sleeps) scales past the cores as workers do; the
@@ -438,8 +448,9 @@ OFFLOAD_DRIVER_CLOSE_S = 15.0
 # larger host or cheaper samples get that much more simply. Cachew (ATC 2022) adds one remote worker at
 # a time and only while it buys > 7%: 1.5x is six such steps.
 OFFLOAD_ADVICE_MIN_GAIN = 1.5
-# A DataLoader fix is offered only when its predicted gain's upper end clears the run's own noise (the
-# what-if noise, at least WHATIF_NOISE_FLOOR): a change predicted within the noise would be a guess.
+# A DataLoader fix is offered only when its predicted gain clears the run's own noise (the what-if noise,
+# at least WHATIF_NOISE_FLOOR): a change predicted within the noise would be a guess. The point prediction
+# must clear it, not only its range's upper end (a loaded host's 0.99x, 0.70-1.30x, was offered so).
 # And a headline of COMPUTE is contradicted when a fix is predicted to gain more than this, at its low
 # end: the input pipeline then costs more than the wait shows (the self-check says so and why).
 SELFCHECK_CONTRADICTING_GAIN = 1.10

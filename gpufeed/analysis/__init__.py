@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufeed import thresholds as th
-from gpufeed.analysis import ranks, rules, selfcheck, whatif
+from gpufeed.analysis import quiet, ranks, rules, selfcheck, whatif
 from gpufeed.analysis.findings import Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics, fork_steps_in_window, loader_summaries
 from gpufeed.record.reader import RunRecord, load_run
@@ -42,10 +42,15 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     not_measured = too_few and "too few steps were measured" or _not_measured(record, metrics)
     if not_measured:  # no finding from nothing: only what needs no steps (a stall; no DataLoader at all)
         findings = [f for f in findings if f.id in rules.FINDINGS_WITHOUT_STEPS or f.id == "no_dataloader"]
+    bottleneck = None if not_measured else primary_bottleneck(metrics)
+    input_bound, costs = None if not_measured else rules.input_band(metrics), rules.costs(metrics)
+    alone = quiet.verdict(bottleneck, input_bound, costs, ctx.quiet, model.answers,
+                          any(f.id == "other_programs" for f in findings))
+    if alone is not None:  # other programs held cores: the headline is the job's own, the run's kept beside it
+        bottleneck, input_bound, costs = alone["bottleneck"], alone["input_bound"], alone["costs"]
     return selfcheck.check(Diagnosis(
-        bottleneck=None if not_measured else primary_bottleneck(metrics),
-        input_bound=None if not_measured else rules.input_band(metrics), not_measured=not_measured,
-        costs=rules.costs(metrics),
+        bottleneck=bottleneck, input_bound=input_bound, not_measured=not_measured, costs=costs,
+        quiet_machine=alone, checks=[quiet.check_line(alone)] if alone else [],
         findings=findings, metrics=metrics, loaders=loaders, run_dir=str(record.run_dir),
         run_dirs=[str(p.run_dir) for p in record.parts],
         gpu_available=bool(record.samples.gpus) or metrics.cuda_used,

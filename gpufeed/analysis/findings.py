@@ -71,6 +71,9 @@ class Diagnosis:
     input_bound: str | None = None
     not_measured: str | None = None  # why there is no verdict (then ``bottleneck`` is None)
     checks: list[str] = field(default_factory=list)  # what the self-check changed, and why (``selfcheck``)
+    # Other programs held cores, and the headline (bottleneck, input_bound, costs) is the job's own on a
+    # machine to itself (``analysis/quiet.py``): the model's figures, and under "measured" the run's.
+    quiet_machine: dict[str, Any] | None = None
 
     @property
     def training(self) -> LoaderSummary | None:
@@ -92,6 +95,7 @@ class Diagnosis:
             "not_measured": self.not_measured,
             "checks": self.checks,
             "costs": {k: json_safe(v) for k, v in self.costs.items()},
+            "quiet_machine": json_safe(self.quiet_machine),
             "findings": [f.to_dict() for f in self.findings],
             "metrics": self.metrics.to_dict(),
             "loaders": [asdict(s) for s in self.loaders],

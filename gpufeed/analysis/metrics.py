@@ -164,6 +164,10 @@ class Metrics:
     worker_threads_median: float | None = None   # OS threads per worker process
     worker_torch_threads: int | None = None
     worker_rss_max_b: float | None = None
+    # The most private memory (USS: pages no other process maps) one of the training loader's workers
+    # held: its reading at exit, else at its start (``memory`` and ``exit`` events): what one more worker
+    # adds to the host's memory (its resident set counts the pages it shares with the training process)
+    worker_private_max_b: float | None = None
     workers_needed: int | None = None            # workers that would keep up with the step, by rate
     # --autotune changed the loader's settings during the run: {"from": your settings, "to": those in
     # force at the end, "switches": n} (labels as ``LoaderSettings.label``). The loader's settings
@@ -316,6 +320,7 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
         window = _step_metrics(m, record, its, [loader_steps(record, p) for p in partners])
         _loader_metrics(m, record, training, its, window, partners)
         m.autotuned = autotuned(record, training.pid)
+        m.worker_private_max_b = _worker_private_max_b(record, training)
         if window is not None:
             m.window_start_t, m.window_end_t = window
     if training is not None and window is not None:
@@ -329,6 +334,12 @@ def compute(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSum
         _host_metrics(m, record, window, training)
         _gpu_metrics(m, record, window, training)
     return m
+
+
+def _worker_private_max_b(record: RunRecord, training: LoaderSummary) -> float | None:
+    readings = [record.memory.get(pid, {}) for pid in training.worker_pids]
+    private = [r.get("uss_b", r.get("uss_start_b")) for r in readings]
+    return max((float(b) for b in private if b is not None), default=None)
 
 
 def _stepped_together(record: RunRecord, loaders: list[LoaderSummary], training: LoaderSummary) -> list[LoaderSummary]:

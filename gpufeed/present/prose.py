@@ -4,6 +4,7 @@ its "Measured" block), and the headings they share.
 """
 from __future__ import annotations
 
+from gpufeed.analysis import quiet
 from gpufeed.analysis.findings import Diagnosis
 from gpufeed.analysis.metrics import Metrics
 from gpufeed.analysis.offloaded import Offload
@@ -59,7 +60,7 @@ def headline(d: Diagnosis) -> str:
     accelerator back and what the others cost, or why nothing could be judged."""
     if d.bottleneck is None:
         return f"NOT MEASURED: {d.not_measured or 'nothing was measured'}"
-    return d.bottleneck.upper() + costs_sentence(d)
+    return d.bottleneck.upper() + costs_sentence(d) + quiet.headline_note(d.quiet_machine)
 
 
 def costs_sentence(d: Diagnosis) -> str:

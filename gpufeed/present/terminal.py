@@ -9,8 +9,6 @@ from rich.table import Table
 from rich.text import Text
 
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
-from gpufeed.analysis.metrics import Metrics
-from gpufeed.analysis.offloaded import Offload
 from gpufeed.present.prose import (FINDINGS_BY_TIME, MEMORY_BY_BYTES, autotuned_sentence, cpus_sentence,
                                    gpus_named, headline, offload_sentence, warmup_sentence)
 from gpufeed.present.whatif_view import what_if_block

@@ -124,6 +124,7 @@ def tune_view(result: TuneResult, out_dir: Path | None = None) -> list[Renderabl
     stream = result.stream_note()
     if stream:
         notes.append(stream)
+    notes += [n for n in (result.memory_note(),) if n]
     if result.stopped == "budget":
         notes.append(f"the budget of {result.budget_s:.0f} s ran out: the search stopped early")
     elif result.stopped == "interrupted":

@@ -218,7 +218,8 @@ _TUNE_SUMMARY = {"config": _or_none(_object(_TUNE_CONFIG)), "samples_per_s": flo
 TUNE_DOC = {"command": list[str], "framework": str | None, "site": str | None, "baseline": _or_none(_object(_TUNE_SUMMARY)),
             "best": _or_none(_object(_TUNE_SUMMARY)), "dataloader_kwargs": dict | None,
             "trials": _list_of(_TUNE_TRIAL, ("id",)), "noise": float | None, "budget_s": float | None,
-            "elapsed_s": float | None, "stopped": str | None, "confirmation": dict | None}
+            "elapsed_s": float | None, "stopped": str | None, "confirmation": dict | None,
+            "memory_cap": dict | None}
 
 _BATCH_TRIAL = {"batch_size": int, "status": str, "reason": str | None, "peak_mem_b": float | None,
                 "samples_per_s": float | None, "run_dir": str | None, "why": str | None, "elapsed_s": float | None}

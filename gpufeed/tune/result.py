@@ -12,6 +12,7 @@ from gpufeed.settings import CONFIG_FORMAT
 from gpufeed.measure.inside.tf_overrides import TUNABLE_OPS
 from gpufeed.settings import AUTOTUNE, LoaderSettings, PipelineSettings, random_stream_note
 from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
+from gpufeed.units import human_bytes
 
 TUNE_FORMAT = "gpufeed.tune/1"
 
@@ -135,10 +136,13 @@ class TuneResult:
     stopped: str | None = None        # None (search complete), "budget" or "interrupted"
     target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
     training_config: dict | None = None  # the training loader's config in the first run (for the advice)
-    # The winner against your configuration in alternated pairs of runs (``Search._confirm``):
+    # The winner against your configuration in alternated pairs of runs (``confirm.py``):
     # {"pairs", "ratios", "speedup", "low", "high", "of": the trial confirmed, "kept_yours"?}; None:
     # not confirmed (your configuration won, the budget ran out first, or an older tune.json).
     confirmation: dict | None = None
+    # Host memory capped the worker ladder (``memory_cap.workers_that_fit``): {"workers": the most it climbed to,
+    # "worker_private_b", "available_b", "total_b", "measured_workers"}; None: it did not.
+    memory_cap: dict | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -165,7 +169,7 @@ class TuneResult:
             "dataloader_kwargs": None if tf_data else dataloader_kwargs(self.best.settings),
             "trials": [t.to_dict() for t in self.trials],
             "noise": self.noise, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed_s, 3),
-            "stopped": self.stopped, "confirmation": self.confirmation,
+            "stopped": self.stopped, "confirmation": self.confirmation, "memory_cap": self.memory_cap,
         }
         return out
 
@@ -179,7 +183,8 @@ class TuneResult:
                    baseline=_summarised(doc.get("baseline"), trials), best=_summarised(doc.get("best"), trials),
                    trials=trials, noise=doc.get("noise"), budget_s=doc.get("budget_s"),
                    elapsed_s=doc.get("elapsed_s"), stopped=doc.get("stopped"),
-                   confirmation=doc.get("confirmation") if isinstance(doc.get("confirmation"), dict) else None)
+                   confirmation=doc.get("confirmation") if isinstance(doc.get("confirmation"), dict) else None,
+                   memory_cap=doc.get("memory_cap") if isinstance(doc.get("memory_cap"), dict) else None)
 
     @property
     def framework(self) -> str:
@@ -198,6 +203,15 @@ class TuneResult:
         return {"format": CONFIG_FORMAT, "framework": "pytorch", "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command,
                 "note": self.stream_note()}
+
+    def memory_note(self) -> str | None:
+        """Why the worker ladder stopped where host memory did, or None."""
+        c = self.memory_cap
+        if not c:
+            return None
+        return (f"host memory: no more than {c['workers']} workers tried, each taking up to "
+                f"{human_bytes(c['worker_private_b'])} of private memory, with {human_bytes(c['available_b'])} of "
+                f"{human_bytes(c['total_b'])} available while {c['measured_workers']} ran")
 
     def stream_note(self) -> str | None:
         """What the winner changes beyond speed against the configuration it was tuned from (the

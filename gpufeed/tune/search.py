@@ -7,28 +7,22 @@ grid, the search:
 
 1. measures the user's own configuration once, the noise read from its run's two halves (twice,
    their spread the noise, where the what-if model cannot read the run; then the median spread of
-   every configuration measured twice); when the what-if model can predict from that run
-   (``analysis/whatif.py``), measures its best setting next (where the cores bind a multi-threaded
-   CPU step and the model's curve is flat, the most workers it predicts as fast) and, if it is
-   faster, goes on from there instead of from the user's configuration. When the pick measured what
-   the model predicted, or more at the cap (and ``TUNE_MODEL_CHECK_FACTOR`` times its workers are not
-   faster), steps 3 and 4 are skipped: the model searched that ladder;
-2. fixes a cause as soon as a run shows it: the thread cap when workers ran several threads,
-   persistent workers when worker start-up cost time. The fix is measured at once, beside the run
-   that showed the cause, and kept for the rest of the search if it helps (so the ladder is climbed
-   once, with the fixes, instead of once per fix);
+   every configuration measured twice); then the what-if model's best setting (``model_start.py``),
+   and goes on from there where it is faster. When the pick measured what the model predicted,
+   steps 3 and 4 are skipped: the model searched that ladder;
+2. fixes a cause as soon as a run shows it (``causes.py``: the thread cap, persistent workers),
+   measured beside that run and kept for the rest of the search if it helps (so the ladder is
+   climbed once, with the fixes, instead of once per fix);
 3. climbs the worker ladder geometrically while throughput rises (down instead, to the fewest
-   workers that keep up, when the loop does not wait for data);
+   workers that keep up, when the loop does not wait for data), no higher than the model says can
+   help nor than the host's memory holds (``memory_cap.py``);
 4. refines next to the peak, on the side of its better neighbour; tries no workers at all when the
    best run kept every core busy (workers then only add their own cost);
 5. tries deeper prefetch when the best configuration still waits for data, pinned memory with CUDA;
    an improvement climbs the ladder again from there;
 6. repeats the contenders within the noise of the best, and among ties takes the cheapest (fewer
    workers, smaller prefetch: less memory and start-up);
-7. confirms the winner against the user's configuration in alternated pairs of runs
-   (``TUNE_CONFIRM_PAIRS``): the speed-up reported is the median of the pairs' ratios with their
-   range, never one run of the winner against another of yours (the winner of a search is the
-   luckiest of its runs); a winner whose pairs do not clear the tie band keeps your configuration.
+7. confirms the winner against the user's configuration in alternated pairs of runs (``confirm.py``).
 
 The climb moves on a trial's own number (one run); the comparisons that pick the winner repeat what
 is within the noise. It knows nothing of how a configuration is run: ``measure(settings, why)`` is
@@ -42,9 +36,13 @@ import time
 from typing import Callable
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.rules.facts import input_bound, workers_asleep, workers_multithreaded
-from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, fed_workers, samples_per_s
+from gpufeed.analysis.rules.facts import workers_asleep
+from gpufeed.analysis.whatif import fed_workers
 from gpufeed.settings import LoaderSettings
+from gpufeed.tune.causes import causes_shown
+from gpufeed.tune.confirm import confirmed_or_kept, run_pairs
+from gpufeed.tune.memory_cap import MemoryReading, available_in_run, workers_that_fit
+from gpufeed.tune.model_start import ModelStart, waits_for_data as _waits_for_data
 from gpufeed.tune.result import INTERRUPTED, Trial, TrialRun, TuneResult
 
 Measure = Callable[[LoaderSettings, str], TrialRun]
@@ -52,19 +50,6 @@ Measure = Callable[[LoaderSettings, str], TrialRun]
 
 class BaselineFailed(Exception):
     """The user's own configuration could not be measured: there is nothing to compare against."""
-
-
-@dataclasses.dataclass
-class _Cause:
-    """A cause a run showed, the change that fixes it, and how strong it was."""
-
-    why: str
-    change: dict
-    strength: float
-
-    @property
-    def setting(self) -> str:
-        return next(iter(self.change))
 
 
 class _Stop(Exception):
@@ -93,8 +78,11 @@ class Search:
     def __init__(self, measure: Measure, baseline: LoaderSettings, cpu_count: int, *,
                  budget_s: float | None = None, max_workers: int | None = None,
                  on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS):
+                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS, memory_available: MemoryReading | None = None):
         self.measure = measure
+        self.memory_available = memory_available or available_in_run
+        # Where host memory capped the worker ladder: ``memory_cap.workers_that_fit``'s answer; else None.
+        self.memory_cap: dict | None = None
         self.baseline_settings = self.normalise(baseline)
         self.max_workers = max_workers or th.TUNE_MAX_WORKERS_PER_CORE * max(cpu_count, 1)
         self.budget_s = budget_s
@@ -104,10 +92,7 @@ class Search:
         self.noise = th.TUNE_NOISE_FLOOR
         self.best: Trial | None = None
         self._fixes_tried: dict[str, float] = {}  # setting -> how strong its cause was when last tried
-        # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
-        # None until the model's pick has been measured.
-        self.model_agreement: float | None = None
-        self._model = None  # the what-if answer the pick came from (its best: the pick's prediction)
+        self.model = ModelStart(self)  # the what-if model's pick, and what it says of the ladder
         self.confirm_pairs = confirm_pairs
         self._confirmation: dict | None = None
         self._t0 = clock()
@@ -139,44 +124,29 @@ class Search:
         return TuneResult(command=list(command or []), site=site, baseline=baseline, best=best,
                           trials=sorted((t for t in self.trials.values() if t.runs), key=lambda t: t.id),
                           noise=self.noise, budget_s=self.budget_s, elapsed_s=self.clock() - self._t0,
-                          stopped=stopped, confirmation=self._confirmation)
+                          stopped=stopped, confirmation=self._confirmation, memory_cap=self.memory_cap)
 
     def _confirm(self, baseline: Trial, best: Trial) -> Trial:
-        """Alternated pairs of runs, yours then the winner's: the speed-up is the median of their
-        ratios, with the range. Where the pairs do not clear the tie band, your configuration stays."""
+        """The winner against yours in alternated pairs of runs (``confirm.py``)."""
         self._confirmation = {"pairs": 0, "ratios": [], "of": best.id}
-        for _ in range(self.confirm_pairs):
-            before = (len(baseline.ok_rates), len(best.ok_rates))
-            self._run_once(baseline)
-            self._run_once(best)
-            if (len(baseline.ok_rates), len(best.ok_rates)) == (before[0] + 1, before[1] + 1):
-                self._confirmation["ratios"].append(best.ok_rates[-1] / baseline.ok_rates[-1])
-                self._confirmation["pairs"] += 1
+        run_pairs(self._run_once, baseline, best, self.confirm_pairs, self._confirmation)
         return self._confirmed_or_kept(baseline, best)
 
     def _confirmed_or_kept(self, baseline: Trial, best: Trial) -> Trial:
-        c = self._confirmation
-        if not c or not c["ratios"]:
-            return best
-        ratios = sorted(c["ratios"])
-        c.update(speedup=statistics.median(ratios), low=ratios[0], high=ratios[-1])
-        if c["speedup"] < 1.0 + th.TUNE_TIE_SHARE_OF_NOISE * self.noise:
-            c["kept_yours"] = True  # a tie with yours keeps yours: no change is worth making for it
-            return baseline
-        return best
+        return confirmed_or_kept(self._confirmation, baseline, best, self.noise)
 
     def _steps(self, baseline: Trial) -> None:
         """The search proper, once the baseline has set the noise (a subclass searches another space)."""
         # The model's pick first: it already has the fixes the model knows (persistent workers), and a
         # cause fixed at your worker count first is a run spent where the climb does not stay (storage
         # bench: persistent workers at w2, then the model's w16).
-        picked = self._from_model(baseline)
+        picked = self.model.pick(baseline)
         fixed = baseline if picked is not None else self._fix_causes(baseline)
         if fixed is not baseline:
             # A fix kept (the thread cap) changed the costs the model reads: it predicts from that run.
-            picked = self._from_model(fixed)
-        if picked is not None and self._model_confirmed(picked):
-            beyond = self._beyond_the_pick(picked)
+            picked = self.model.pick(fixed)
+        if picked is not None and self.model.confirmed(picked):
+            beyond = self.model.beyond(picked)
             if beyond is None:
                 # The model chose among every worker count and persistence, and its pick measured as
                 # it predicted: the ladder's other points are what it predicted slower (or tied and
@@ -272,113 +242,22 @@ class Search:
 
     def _useful_workers(self) -> int:
         """The cap, or fewer where an epoch has fewer batches (``fed_workers``): workers beyond them
-        never get a batch, so they can only measure as fast, in noise, and cost memory."""
+        never get a batch, so they can only measure as fast, in noise, and cost memory; and no more
+        than the host's memory holds (``memory_cap.workers_that_fit``)."""
         diagnosis = self.trials[self.baseline_settings].diagnosis if self.baseline_settings in self.trials else None
         costs = getattr(getattr(diagnosis, "what_if", None), "costs", None)
-        return self.max_workers if costs is None else fed_workers(costs, self.max_workers)
+        fed = self.max_workers if costs is None else fed_workers(costs, self.max_workers)
+        memory = workers_that_fit([t for t in self.trials.values() if t.ok], self.memory_available)
+        if memory is None or memory["workers"] >= fed:
+            return fed
+        self.memory_cap = memory
+        return memory["workers"]
 
     def _with_workers(self, trial: Trial, workers: int) -> LoaderSettings:
         s = trial.settings
         if not s.num_workers and workers:  # from no workers: the tuned template's other settings
             s = dataclasses.replace(s, prefetch_factor=None, persistent_workers=False)
         return dataclasses.replace(s, num_workers=workers)
-
-    def _from_model(self, start: Trial) -> Trial | None:
-        """The setting the what-if model (analysis/whatif.py) predicts fastest from the baseline's run,
-        measured, when it beats ``start``: the climb then starts there, and measurement decides."""
-        diag = start.diagnosis if start.diagnosis is not None else self.trials[self.baseline_settings].diagnosis
-        model = getattr(diag, "what_if", None)
-        if model is None or model.cannot_predict or model.best is None:
-            return None
-        best = model.best
-        workers = min(self._model_start(model), self.max_workers)
-        # A fix measured faster so far (persistent workers, a thread cap) stays.
-        settings = dataclasses.replace(self._with_workers(start, workers), persistent_workers=(
-            best.persistent_workers or bool(start.settings.persistent_workers and start.settings.num_workers)))
-        if normalise(settings) == start.settings:
-            return None
-        trial = self._fix_causes(self._measured(
-            settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
-        self._model = model
-        if trial.ok and start.ok:
-            self.model_agreement = ((trial.samples_per_s / start.samples_per_s)
-                                    / (best.samples_per_s / model.yours.samples_per_s))
-        if not self._faster(trial, start):
-            return None  # the model was wrong here: climb from your configuration as without it
-        if self._faster(trial, self.best):
-            self.best = trial
-        return trial
-
-    def _model_start(self, model) -> int:
-        """The workers to measure first: the model's best, or, where the model's curve is flat because
-        the cores bind a CPU-only step that runs on several threads, the most workers it predicts as
-        fast (up to ``TUNE_MODEL_CHECK_FACTOR`` times its best's).
-
-        Its best is then the fewest workers among ties, and measured, that end of the stretch is the
-        slow one: the step's idle threads spin while the loop waits, and beside more workers they get
-        less of the cores than the model's fair share gives them (far-too-many-workers bench,
-        2026-12-02, predictions flat at 787 samples/s from 2 to 32 persistent workers: 592, 663, 708,
-        805 and 826 measured at 2, 4, 8, 12 and 16; CPU-bound bench: 765, 814, 885 at 8, 12, 16)."""
-        best, c = model.best, getattr(model, "costs", None)
-        if not best.num_workers or c is None or c.cuda or c.step_threads <= 1 or best.num_workers >= self._useful_workers():
-            return best.num_workers
-        top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, self._useful_workers())
-        for workers in range(top, best.num_workers, -1):
-            rate, limit = samples_per_s(c, workers, best.persistent_workers)
-            if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
-                return workers
-        return best.num_workers
-
-    def _model_confirmed(self, picked: Trial) -> bool:
-        """Whether the model's pick measured what the model predicted for it, within the model's
-        error and this machine's noise, and for the reason it predicted: a pick the model calls
-        compute-bound (the data always ready) at which the loop still waits for data contradicts it,
-        whatever its rate (storage bench, 2026-12-02: a baseline's slow step made the model's ceiling
-        2,171 samples/s, its pick 13 workers measured 2,149-2,156 as if at it, and 16 made 2,721)."""
-        if self._model is not None and self._model.best.limit == LIMIT_LOOP and _waits_for_data(picked):
-            return False
-        if self.model_agreement is None:
-            return False
-        if self.model_agreement > 1 and self._rises_to_the_cap(picked):
-            # Faster than predicted at the cap: there is no more to climb, and the model predicts the
-            # ladder below it slower (CPU-bound bench, 2026-12-02: the pick, 16 workers, measured 26%
-            # above its prediction; 8 and 12 then measured 14% and 8% below it, as the model ranked them).
-            return True
-        return abs(self.model_agreement - 1) <= th.TUNE_MODEL_AGREEMENT + self.noise
-
-    def _rises_to_the_cap(self, picked: Trial) -> bool:
-        """Whether the pick has the most workers the search allows and the model predicts half as many
-        slower by more than the noise: a walk down the ladder would measure what it already ranked."""
-        workers = picked.settings.num_workers or 0
-        c = getattr(self._model, "costs", None)
-        if workers < self._useful_workers() or c is None:
-            return False
-        persistent = bool(picked.settings.persistent_workers)
-        at_cap = samples_per_s(c, workers, persistent)[0]
-        return samples_per_s(c, workers // 2, persistent)[0] < at_cap * (1 - self.noise)
-
-    def _beyond_the_pick(self, picked: Trial) -> Trial | None:
-        """The one check of the model's curve past its pick: ``TUNE_MODEL_CHECK_FACTOR`` times the
-        workers (at most the cap, and at least twice the pick's), where the pick still waits for data.
-        A model right at its pick can still be wrong past it, and nearer points hide a slow rise in
-        the noise, or a dip: on the far-too-many-workers bench the pick (2 persistent workers)
-        measured as predicted, 4 and 8 workers were no faster, and 16 were 1.15x faster. Returned
-        when it rises past the tie band: the search climbs from there."""
-        pick = picked.settings.num_workers or 0
-        workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, self._useful_workers())
-        if not pick or workers < 2 * pick or _waits_for_data(picked) is False:
-            return None
-        beyond = self._measured(self._with_workers(picked, workers),
-                                f"{workers} workers: the loop still waited at the model's {pick}")
-        # Past the tie band, not the noise: the winner is chosen on that band, and a rise this small
-        # this far out is the slow rise the next ladder steps would show.
-        rises = self._beats(beyond, picked) or (beyond.ok and beyond.samples_per_s > picked.samples_per_s * (
-            1 + th.TUNE_TIE_SHARE_OF_NOISE * self.noise))
-        if not rises:
-            return None
-        if self._faster(beyond, self.best):
-            self.best = beyond
-        return beyond
 
     def _climb_workers(self, start: Trial, *, down: bool = True) -> None:
         """Up the ladder while throughput rises; down to the fewest workers that keep up otherwise
@@ -406,7 +285,7 @@ class Search:
         climb halfway. False steps cost only a run; the winner is settled by repeats at the end."""
         moved, misses, current, previous = False, 0, start, start
         for w in steps:
-            if self._no_gain_predicted(current, w):
+            if self.model.no_gain(current, w):
                 break
             plain = self._measured(self._with_workers(current, w), "more workers: the loop waited for data")
             trial = self._fix_causes(plain)
@@ -421,28 +300,6 @@ class Search:
             if misses >= 2:
                 break
         return current, moved
-
-    def _no_gain_predicted(self, current: Trial, workers: int) -> bool:
-        """Whether the what-if model says ``workers`` cannot beat the best measured: its prediction
-        there within the noise of its prediction at the best's workers, where the cores or the step
-        bind (workers-bound, more workers help). Relative to its own prediction at the best, so that
-        a model off in scale still ranks the rungs (held-out workloads: a median 17% off, the ranking
-        kept). Not where the model is known wrong about the next rung: data "always ready" while the
-        best still waits for it (storage bench: a ceiling of 2,171 samples/s, 2,721 measured at 16
-        workers), or a flat cores-bound stretch beside a CPU step on several threads (the
-        far-too-many-workers bench rose from 2 to 16 workers where the model was flat)."""
-        model = self._model or getattr(self.trials[self.baseline_settings].diagnosis
-                                       if self.baseline_settings in self.trials else None, "what_if", None)
-        c, best = getattr(model, "costs", None), self.best
-        if c is None or best is None or not best.ok or getattr(model, "cannot_predict", None):
-            return False
-        predicted, limit = samples_per_s(c, workers, bool(current.settings.persistent_workers))
-        at_best = samples_per_s(c, best.settings.num_workers or 0, bool(best.settings.persistent_workers))[0]
-        if limit == LIMIT_LOOP and _waits_for_data(best):
-            return False
-        if limit not in (LIMIT_LOOP, LIMIT_CORES) or (limit == LIMIT_CORES and not c.cuda and c.step_threads > 1):
-            return False
-        return predicted <= at_best * (1 + self.noise)
 
     def _walk_down(self, start: Trial, steps: list[int], why: str) -> None:
         """Fewer workers while that costs no more than the noise: the same speed for less memory."""
@@ -460,7 +317,7 @@ class Search:
         change). One that does not is tried again only once its cause has doubled: worker start-up,
         say, costs 10% of the run with 1 worker and 50% with 8 (measured, bench/results), and
         persistent workers pay off only then."""
-        for cause in self._causes(trial):
+        for cause in causes_shown(trial):
             tried_at = self._fixes_tried.get(cause.setting)
             if tried_at is not None and cause.strength < th.TUNE_CAUSE_RETRY_FACTOR * tried_at:
                 continue
@@ -474,28 +331,14 @@ class Search:
                     self.best = candidate
         return trial
 
-    def _causes(self, trial: Trial) -> list[_Cause]:
-        """The causes this trial's run showed that its settings do not fix yet."""
-        diag = trial.diagnosis
-        if not trial.ok or not trial.settings.num_workers or diag is None:
-            return []
-        m, causes = diag.metrics, []
-        if workers_multithreaded(m) and trial.settings.worker_threads is None:
-            causes.append(_Cause("one thread per worker: workers ran several threads each", {"worker_threads": 1},
-                                 float(m.worker_torch_threads or m.worker_fetch_cpu_ratio or 2)))
-        share = m.worker_startup_share or 0.0
-        if share >= th.WORKER_STARTUP_SHARE_FLAG and not trial.settings.persistent_workers:
-            causes.append(_Cause(f"persistent workers: start-up took {share:.0%} of the run",
-                                 {"persistent_workers": True}, share))
-        return causes
-
     def _refine_workers(self) -> None:
         """Try the ladder's in-between point next to the peak (e.g. 12 between 8 and 16), on the side
         of the better neighbour: a peak leans towards it."""
         best = self.best
         tried = {t.settings.num_workers or 0: t for t in self.trials.values()
                  if t.ok and _same_but_workers(t.settings, best.settings)}
-        self._refine(best.settings.num_workers or 0, tried, th.TUNE_WORKER_REFINE,
+        top = self._useful_workers()
+        self._refine(best.settings.num_workers or 0, tried, tuple(r for r in th.TUNE_WORKER_REFINE if r <= top),
                      lambda r: self._with_workers(best, r), "workers")
 
     def _refine(self, at: int, tried: dict[int, Trial], points: tuple[int, ...],
@@ -553,7 +396,7 @@ class Search:
         """(why, change) for each setting a measured cause on the best configuration points at."""
         if not self.best.settings.num_workers:
             return
-        for cause in self._causes(self.best):  # still showing on the best: try them there
+        for cause in causes_shown(self.best):  # still showing on the best: try them there
             yield cause.why, cause.change
         waits = _waits_for_data(self.best)
         for factor in th.TUNE_PREFETCH_CHOICES:
@@ -591,11 +434,6 @@ def _run_noise(trial: Trial) -> float | None:
     if model is None or model.cannot_predict or model.noise is None:
         return None
     return model.noise
-
-
-def _waits_for_data(trial: Trial) -> bool | None:
-    """The diagnosis's own fact (with CUDA: the GPU's own idle time); None when not measured."""
-    return input_bound(trial.diagnosis.metrics) if trial.diagnosis is not None else None
 
 
 def _workers_asleep(trial: Trial) -> bool:

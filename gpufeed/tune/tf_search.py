@@ -38,7 +38,8 @@ import dataclasses
 from gpufeed import thresholds as th
 from gpufeed.settings import AUTOTUNE, PipelineSettings
 from gpufeed.tune.result import Trial
-from gpufeed.tune.search import Search, _waits_for_data
+from gpufeed.tune.model_start import waits_for_data as _waits_for_data
+from gpufeed.tune.search import Search
 
 AUTOTUNE_EVERYWHERE = "AUTOTUNE everywhere: TensorFlow's own answer"
 

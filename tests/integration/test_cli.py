@@ -343,9 +343,17 @@ def test_demo(tmp_path):
     assert ids(diag) & {"storage_latency", "too_few_workers"}
     # The demo takes num_workers from its --workers flag: the fix names it, with its predicted gain.
     fix = next(f for f in diag["findings"] if f["id"] in ("storage_latency", "too_few_workers"))
-    workers = fix["fix_settings"]["num_workers"]
+    assert fix["gain"]["low"] <= fix["gain"]["speedup"] <= fix["gain"]["high"]
+    workers = (fix["fix_settings"] or {}).get("num_workers")
+    if workers is None:
+        # Not offered (predicted within the noise), or the model's best keeps the demo's one worker: on a
+        # host whose cores other programs hold, the cores bind and more workers cannot help (issue 31.5).
+        best = diag["what_if"]["best"]
+        assert (fix["fix_settings"] is None and "No DataLoader change is offered" in fix["recommendation"]
+                or best["num_workers"] == diag["metrics"]["num_workers"]), fix
+        return
     assert f"or pass `--workers {workers}` (the script's --workers sets num_workers)" in fix["recommendation"]
-    assert fix["gain"]["speedup"] > 1.0 and fix["gain"]["low"] <= fix["gain"]["speedup"] <= fix["gain"]["high"]
+    assert fix["gain"]["speedup"] > 1.0
 
 
 SPAWN_SCRIPT = '''

@@ -248,3 +248,12 @@ def test_a_loss_kept_with_its_graph_is_a_leak(tmp_path):
     diag = diagnose(tmp_path, "batch_memory.py", "--side", "32", "--leak", options=("--steps", "60"))
     f = next(f for f in diag["findings"] if f["id"] == "memory_growth")
     assert f["evidence"]["per_step_b"] > 4 * MiB and f["evidence"]["memory"] == "resident memory"
+
+
+def test_a_workers_private_memory_is_measured_for_the_tune_ladder(tmp_path):
+    """``Metrics.worker_private_max_b``: the most private memory one training worker held (its exit reading,
+    else its start), what one more worker adds (tune's memory stop); N/A where no worker read it."""
+    run = workers_with_private_growth(tmp_path / "grown", 30 * MiB)
+    assert analyze(run).metrics.worker_private_max_b == 34 * MiB
+    plain = run_of(tmp_path / "plain", num_workers=2)
+    assert analyze(plain).metrics.worker_private_max_b is None

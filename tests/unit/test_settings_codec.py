@@ -42,3 +42,18 @@ def test_autotune_on_off_and_options():
 def test_a_bad_value_names_its_variable(cls, text, said):
     with pytest.raises(ValueError, match=said):
         read_env(cls, {cls.ENV: text})
+
+
+@pytest.mark.parametrize("settings, label", [
+    # A --config of prefetch_factor alone said "applied as is" (issue 31): it names what it sets, and
+    # that it acts only where the script's own loader has workers.
+    (LoaderSettings(prefetch_factor=4), "p4 (only with workers)"),
+    (LoaderSettings(persistent_workers=True, worker_threads=1, pin_memory=True),
+     "persistent t1 (only with workers) pinned"),
+    (LoaderSettings(num_workers=8, prefetch_factor=4, persistent_workers=True, pin_memory=True, worker_threads=1),
+     "w8 p4 persistent pinned t1"),
+    (LoaderSettings(num_workers=0, prefetch_factor=4), "w0"),   # torch refuses a prefetch without workers
+    (LoaderSettings(), "as is"),
+])
+def test_a_label_names_every_setting_that_acts(settings, label):
+    assert settings.label() == label

@@ -127,6 +127,14 @@ def worker_cap(m: Metrics) -> int:
     return m.cpu_count if m.cuda_used else max(1, m.cpu_count - 1)
 
 
+def model_describes_the_run(what_if) -> bool:
+    """The what-if model's prediction of the run's own settings is within ``WHATIF_SIZING_MAX_ERROR`` of
+    what the run measured: a rule may size its fix from the model's answers (``whatif.WhatIf``)."""
+    measured, yours = getattr(what_if, "measured_samples_per_s", None), getattr(what_if, "yours", None)
+    return bool(measured and yours is not None
+                and abs(yours.samples_per_s - measured) <= th.WHATIF_SIZING_MAX_ERROR * measured)
+
+
 def cpu_ms_per_sample(m: Metrics) -> float | None:
     if m.loader_cpu_bound_samples_per_s:
         return m.cpu_count / m.loader_cpu_bound_samples_per_s * 1000.0

@@ -6,7 +6,8 @@ from __future__ import annotations
 from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
-from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, offloaded, restart_share,
+from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, model_describes_the_run,
+                                          offloaded, restart_share,
                                           steady_input_share, without_dataloader,
                                           worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
@@ -45,15 +46,9 @@ def _workers_to_suggest(ctx: Context) -> int:
     at 1.48x (1.43-1.54x), and w2 measured 1.49x (tests/workloads/cpu_bound.py, docs/what-if.md)."""
     m = ctx.metrics
     fit = getattr(ctx.what_if, "best_one_per_core", None)
-    if fit is not None and fit.num_workers > m.num_workers and _model_describes_the_run(ctx.what_if):
+    if fit is not None and fit.num_workers > m.num_workers and model_describes_the_run(ctx.what_if):
         return fit.num_workers
     return min(max(m.workers_needed or 0, m.num_workers + 1), worker_cap(m))
-
-
-def _model_describes_the_run(what_if) -> bool:
-    measured, yours = what_if.measured_samples_per_s, what_if.yours
-    return bool(measured and yours is not None
-                and abs(yours.samples_per_s - measured) <= th.WHATIF_SIZING_MAX_ERROR * measured)
 
 
 def cpu_saturated(ctx: Context) -> Finding | None:
@@ -84,18 +79,16 @@ def storage_latency(ctx: Context) -> Finding | None:
     m = ctx.metrics
     if not input_bound(m) or not workers_asleep(m) or m.num_workers is None or offloaded(m):
         return None
-    needed = max(m.workers_needed or 0, 2 * max(m.num_workers, 1))
-    # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
-    suggested = min(needed, th.TUNE_MAX_WORKERS_PER_CORE * m.cpu_count)
+    settings, why = _storage_fix(ctx)
+    loader = (f"{change(ctx, **settings)}: {why} {tune_hint()}; or move the data to local SSD / cache it."
+              if settings else f"Move the data to local SSD or cache it: {why}.")
     return Finding(
         id="storage_latency", severity=severity_for(steady_input_share(m)), cost_share=steady_input_share(m),
         message=(f"{wait_sentence(m)}. The DataLoader has num_workers={m.num_workers} on {cores(m.cpu_count)} "
                  f"and the workers were {fmt(m.worker_asleep_share, '.0%')} asleep while fetching "
                  f"({fmt(m.fetch_ms_per_batch_p50, '.0f')} ms a batch): reading data is latency-bound."
                  f"{others_sentence(m)}"),
-        recommendation=(f"{change(ctx, num_workers=suggested, prefetch_factor=th.LATENCY_PREFETCH_FACTOR)}: "
-                        f"waiting workers cost little CPU, so more of them than cores pays {tune_hint()}; "
-                        "or move the data to local SSD / cache it."),
+        recommendation=loader,
         evidence={**wait_evidence(m), "num_workers": m.num_workers, "cpu_count": m.cpu_count,
                   "worker_asleep_share": m.worker_asleep_share, "worker_fetch_cpu_ratio": m.worker_fetch_cpu_ratio,
                   "fetch_ms_per_batch_p50": m.fetch_ms_per_batch_p50, "workers_needed": m.workers_needed,
@@ -103,8 +96,41 @@ def storage_latency(ctx: Context) -> Finding | None:
         thresholds={"data_wait_share": th.DATA_WAIT_SHARE_FLAG,
                     "worker_fetch_cpu_ratio_below": th.WORKER_ASLEEP_CPU_RATIO,
                     "worker_running_share_below": th.WORKER_RUNNABLE_SHARE},
-        fix_settings={"num_workers": suggested, "prefetch_factor": th.LATENCY_PREFETCH_FACTOR},
+        fix_settings=settings or None,
     )
+
+
+def _storage_fix(ctx: Context) -> tuple[dict, str]:
+    """(the DataLoader settings to offer, why). Where the what-if model describes the run, its best
+    setting on these cores (workers, and persistent workers where it predicts them), with a deeper
+    prefetch where it has workers; nothing where its best is the run's own. Else twice the run's
+    workers or as many as keep up with the step by rate, capped at 16 a core. The heuristic alone
+    offered num_workers=32 on a loaded 2-core host (storage bench) where the same what-if block
+    predicted it at 0.99x and 4 persistent workers at 1,253 samples/s: the fix must be the model's."""
+    m = ctx.metrics
+    best = getattr(ctx.what_if, "best", None)
+    if best is not None and model_describes_the_run(ctx.what_if):
+        persistent = bool(ctx.training.config.get("persistent_workers")) if ctx.training is not None else False
+        settings: dict = {}
+        if best.num_workers != m.num_workers:
+            settings["num_workers"] = best.num_workers
+        if best.num_workers and best.persistent_workers != persistent:
+            settings["persistent_workers"] = best.persistent_workers
+        if not settings:
+            return {}, (f"the what-if model predicts no DataLoader setting faster than yours on these cores "
+                        f"({best.label} is best, limit: {best.limit})")
+        if best.num_workers:
+            settings["prefetch_factor"] = th.LATENCY_PREFETCH_FACTOR
+        more = ("waiting workers cost little CPU, so more of them than cores pays"
+                if best.num_workers > max(m.num_workers, m.cpu_count) else
+                f"the what-if model's best on these cores ({fmt(best.samples_per_s, ',.0f')} samples/s predicted, "
+                f"limit: {best.limit})")
+        return settings, more
+    needed = max(m.workers_needed or 0, 2 * max(m.num_workers, 1))
+    # Latency-bound workers scale past the core count; the cap only keeps the advice sane.
+    suggested = min(needed, th.TUNE_MAX_WORKERS_PER_CORE * m.cpu_count)
+    return ({"num_workers": suggested, "prefetch_factor": th.LATENCY_PREFETCH_FACTOR},
+            "waiting workers cost little CPU, so more of them than cores pays")
 
 
 def too_many_workers(ctx: Context) -> Finding | None:

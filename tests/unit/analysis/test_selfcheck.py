@@ -41,6 +41,17 @@ def test_a_fix_predicted_within_the_noise_is_not_offered():
     assert len(d.checks) == 1 and "not offered" in d.checks[0]
 
 
+def test_a_fix_predicted_within_the_noise_is_not_offered_though_its_range_clears_it():
+    """A loaded host (noise 25%): storage_latency's num_workers=32 at 0.99x (0.70-1.30x) was offered
+    because only the range's upper end was held against the noise."""
+    d = selfcheck.check(diagnosis("input", [finding("storage_latency", 0.2, gain(0.99, 0.70, 1.30, noise=0.25)),
+                                            finding("too_few_workers", 0.2, gain(1.40, 1.10, 1.70, noise=0.25))]))
+    withheld, offered = (next(f for f in d.findings if f.id == fid) for fid in ("storage_latency", "too_few_workers"))
+    assert withheld.fix_settings is None and "within this run's noise (±25%)" in withheld.recommendation
+    assert offered.fix_settings == {"num_workers": 4} and offered.recommendation == "fix too_few_workers"
+    assert len(d.checks) == 1 and "storage_latency" in d.checks[0]
+
+
 def test_a_fix_predicted_slower_is_not_offered_and_says_slower():
     d = selfcheck.check(diagnosis("input", [finding("too_many_workers", 0.1, gain(0.6, 0.55, 0.65))]))
     assert "slower than your settings" in d.findings[0].recommendation

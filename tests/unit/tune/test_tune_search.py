@@ -83,6 +83,46 @@ def test_storage_bound_climbs_past_the_cores():
     assert len({t.settings for t in result.trials}) < len(list(grid())) / 4
 
 
+GIB, MIB = 2**30, 2**20
+
+
+def with_memory(per_worker_b, total_b=16 * GIB, others_b=14 * GIB):
+    """A diagnosis whose run read the host's memory: other programs and the training process use
+    ``others_b``, each worker ``per_worker_b`` of private memory more."""
+    def diagnosis(s):
+        d = fake_diagnosis()
+        d.metrics.mem_total_b, d.metrics.mem_used_max_b = total_b, others_b + (s.num_workers or 0) * per_worker_b
+        d.metrics.worker_private_max_b = per_worker_b if s.num_workers else None
+        return d
+    return diagnosis
+
+
+def test_the_worker_ladder_stops_where_the_workers_memory_would_not_fit():
+    """Latency-bound, so the ladder would climb to 32; 1.8 GiB available beside 2 workers of 100 MiB each,
+    and 10% of 16 GiB kept: 2 more workers fit, 4 more would leave 1.4 GiB (issue 31, point 6)."""
+    result = run_search(Workload(storage_bound, diagnosis=with_memory(100 * MIB)), start(2))
+    assert max(t.settings.num_workers or 0 for t in result.trials) == 4
+    assert result.best.settings.num_workers == 4
+    assert result.memory_cap["workers"] == 4 and result.memory_cap["worker_private_b"] == 100 * MIB
+    assert "no more than 4 workers tried" in result.memory_note()
+    assert json.loads(json.dumps(result.to_dict()))["memory_cap"]["workers"] == 4
+
+
+def test_the_worker_ladder_climbs_where_memory_holds_the_workers():
+    result = run_search(Workload(storage_bound, diagnosis=with_memory(1 * MIB)), start(2))
+    assert result.best.settings.num_workers == 32 and result.memory_cap is None
+
+
+def test_the_memory_reading_is_injected():
+    """The reading is the search's argument (default: the run's own sampler): 300 MiB available, half of it
+    the budget, holds one more worker of 100 MiB."""
+    def reading(trial):
+        return 300 * MIB - (trial.settings.num_workers or 0) * 100 * MIB + 200 * MIB, 1 * GIB
+    result = run_search(Workload(storage_bound, diagnosis=with_memory(100 * MIB)), start(2),
+                        memory_available=reading)
+    assert max(t.settings.num_workers or 0 for t in result.trials) <= 3
+
+
 def test_cpu_bound_stops_at_the_peak_and_prefers_fewer_workers():
     result = run_search(Workload(cpu_bound), start(0))
     assert result.best.settings.num_workers == 2
