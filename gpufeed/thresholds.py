@@ -218,6 +218,21 @@ MEMORY_GROWTH_MIN_SHARE = 0.10
 COPY_ON_READ_SHARED_SHARE = 0.5
 MEMORY_GROWTH_MIN_B = 64 * 2**20
 MEMORY_GROWTH_MIN_POINTS = 5
+# shm_too_small: a DataLoader worker collates each batch straight into /dev/shm, and it stays there
+# until the loop lets go of it: besides num_workers x prefetch_factor batches in flight, /dev/shm held
+# 2 more at its peak, measured here (df polled every 10 ms, batches of 2 MiB, 2 workers: prefetch_factor
+# 1 peaked at 8.1 MiB = 4.0 batches, prefetch_factor 4 at 20.1 MiB = 10.0 batches): the batch the loop
+# holds and one being made or handed over. Once they outgrow the free space the workers die ("Bus
+# error", pytorch/pytorch#5040, #108861; torch 2.x: "unable to allocate shared memory ... No space
+# left on device"); Docker's default /dev/shm is 64 MB.
+SHM_BATCHES_HELD = 2
+# It is flagged once what the training loader needs reaches half of what was free: the first batch
+# is the one measured, and a later one can be larger (variable-length samples padded to the longest),
+# an evaluation loader's workers share the same /dev/shm, and the crash comes without warning; a
+# need above the free space is a failure, not a risk (high severity).
+SHM_NEED_SHARE_FLAG = 0.5
+# Docker's default --shm-size (64 MB): the size the advice rounds a suggested --shm-size up to multiples of.
+SHM_DOCKER_DEFAULT_B = 64 * 10**6
 # gpufeed batch-size: the share of capacity the largest batch may use (default): headroom for the
 # allocator's fragmentation, the CUDA context and longer samples later in training. YOLOv5's
 # autobatch aims at 80% of free memory; the PyTorch Profiler plugin flags peaks above 90%.

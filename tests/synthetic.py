@@ -88,6 +88,8 @@ class Scenario:
     offload_events: list[dict] = field(default_factory=list)
     # Programs outside the command: the sampler's ``others`` rows ([pid, name, cores]), every 2 s
     others: list[list] | None = None
+    # Each worker's ``shm`` reading before its first batch: (batch_b, free_b, total_b) (None: no reading)
+    shm: tuple[int, int, int] | None = None
 
 
 def _loop_rows(events: JsonlWriter, sc: Scenario, t: float) -> float:
@@ -289,6 +291,11 @@ def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: 
         for k in range(per_producer):
             start = t0 + k * span
             rows.append([start, start + min(sc.fetch_wall_s, span), sc.fetch_cpu_s, sc.batch_size])
+        if sc.shm is not None:
+            batch_b, free_b, total_b = sc.shm
+            writer.write({"kind": "shm", "pid": pid, "t": t0, "path": "/dev/shm", "free_b": free_b - n * batch_b,
+                          "total_b": total_b, "batch_b": batch_b, "tensors": 2, "sharing_strategy": "file_descriptor",
+                          "worker_id": n})
         writer.write({"kind": "fetches", "pid": pid, "worker_id": n,
                       "torch_threads": sc.worker_torch_threads, "rows": rows})
         writer.close()

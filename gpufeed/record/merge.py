@@ -98,7 +98,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
     r.samples.procs = [[[pid(row[0]), pid(row[1])] + list(row[2:]) for row in procs] for procs in r.samples.procs]
     r.samples.gpu_procs = [{idx: {pid(p): b for p, b in pids.items()} for idx, pids in per_gpu.items()}
                            for per_gpu in r.samples.gpu_procs]
-    for ev in r.processes + r.stalls:
+    for ev in r.processes + r.stalls + r.shm:
         ev["pid"] = pid(ev.get("pid"))
         for key in ("t", "t_request"):
             if isinstance(ev.get(key), (int, float)):
@@ -178,6 +178,7 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         loops={pid: rows for p in parts for pid, rows in p.loops.items()},
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
+        shm=[ev for p in parts for ev in p.shm],  # each node's /dev/shm: the rule groups them by host
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},
         ends={pid: ev for p in parts for pid, ev in p.ends.items()},
         warnings=warnings, parts=parts,

@@ -154,6 +154,8 @@ class RunRecord:
     # `fork_probe` events: what the training step paid while a forked child shared its pages (a merged
     # record of several nodes keeps none: the what-if model covers one training process)
     fork_probes: list[ForkProbeRecord] = field(default_factory=list)
+    # `shm` events: each DataLoader worker's first batch (batch_b) against /dev/shm's free space (free_b)
+    shm: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -263,7 +265,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append("the run has no recorded end (gpufeed itself was killed?): read as far as it goes")
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
-    tf_pipelines, tf_profiles, offloads, autotune, fork_probes = [], [], [], [], []
+    tf_pipelines, tf_profiles, offloads, autotune, fork_probes, shm = [], [], [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -321,6 +323,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                     warnings.append(f"TensorFlow's profiler gave no input waits in pid {pid}: {ev['error']}")
             elif kind == "offload":
                 offloads.append(ev)
+            elif kind == "shm":
+                shm.append(ev)
             elif kind == "samples_unknown":
                 unknown.setdefault(key, ev.get("reason"))
             elif kind == "warning":
@@ -367,7 +371,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
-        autotune=autotune, fork_probes=fork_probes,
+        autotune=autotune, fork_probes=fork_probes, shm=sorted(shm, key=lambda e: e["t"]),
         loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},
     )
 

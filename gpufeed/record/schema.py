@@ -46,6 +46,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               rss_peak_b (VmHWM), uss_b (private memory), shared_b (shared memory), and with CUDA cuda_mem_peak_b,
               cuda_mem_reserved_peak_b, cuda_mem_total_b
 ``memory``    pid, t, uss_start_b, shared_start_b: a DataLoader worker's private and shared memory at its start
+``shm``       pid, t, path, free_b, total_b, batch_b, tensors, sharing_strategy, worker_id: once per DataLoader
+              worker, /dev/shm's free space and size just before its first batch, and that batch's bytes in
+              shared memory (its tensors' storages); written at once (measure/inside/shm.py)
 ``fork_probe`` pid, child_pid, t_fork, t_forked, t_released, steps, minor_faults, default_start_method
               (how a DataLoader without a multiprocessing_context starts workers there): once per run, inside
               the warm-up, the probe forked a child that only waited, from t_forked to t_released,

@@ -13,6 +13,7 @@
 - ``others``: do programs outside the command take the cores the job needs?
 - ``ranks``: does one rank hold the others back, or do the ranks differ?
 - ``memory``: allocator cache, room for a larger batch, leaks, copy-on-read in workers
+- ``shared_memory``: will the training loader's batches in flight outgrow /dev/shm?
 
 They share ``facts`` (where the time went, and predicates such as "the loop waits for data") and
 ``wording`` (shared sentences, and the DataLoader change written where the user makes it). A new
@@ -21,7 +22,8 @@ finding goes in the module of its question, and into ``RULES`` below.
 from __future__ import annotations
 
 from gpufeed.analysis.context import Context, Rule
-from gpufeed.analysis.rules import gpu, general, loader, loop, memory, offload, others, ranks, stall, tf_data, transfer
+from gpufeed.analysis.rules import (gpu, general, loader, loop, memory, offload, others, ranks, shared_memory, stall,
+                                    tf_data, transfer)
 from gpufeed.analysis.rules.facts import COMPUTE, HOST, INPUT, TRANSFER, costs, host_idle_share, input_band, input_share
 from gpufeed.analysis.rules.general import EXPLAINED_BY, unexplained_losses
 from gpufeed.analysis.rules.wording import change_in, keras_wrapped
@@ -42,8 +44,10 @@ RULES: tuple[Rule, ...] = (
     gpu.fluctuating_utilization, gpu.host_bound,
     general.compute_bound, general.no_dataloader,
     ranks.straggler_rank, ranks.load_imbalance,
+    shared_memory.shm_too_small,
     memory.allocator_cache, memory.batch_too_small, memory.memory_growth, memory.worker_memory_growth,
 )
 
-# Findings that do not judge the steps, and so stand with too few of them (the stall itself).
-FINDINGS_WITHOUT_STEPS = ("loader_stalled",)
+# Findings that do not judge the steps, and so stand with too few of them (the stall itself; shared
+# memory too small, which ends a run at its first batches).
+FINDINGS_WITHOUT_STEPS = ("loader_stalled", "shm_too_small")

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from gpufeed.measure.inside import cuda, dataloader_hook, loop, roles
+from gpufeed.measure.inside import cuda, dataloader_hook, loop, roles, shm
 from gpufeed.measure.inside.iterators import IteratorState, mark_done
 from gpufeed.measure.inside.loader_tag import tag, tag_of
 from gpufeed.measure.inside.loaders import (FROM_BATCH_SAMPLER, count_collated, count_indices, count_samples,
@@ -362,9 +362,12 @@ def _make_fetch(original: Callable) -> Callable:
         if probe is None:
             return original(self, possibly_batched_index)
         try:
-            if probe.fetch_meta is None:
+            first = probe.fetch_meta is None
+            if first:
                 probe.first_fetch_in_process()
             counter = count_collated(self) if self.auto_collation else None
+            # Once per worker: /dev/shm before its first batch takes its room there (shm.py).
+            shm_before = shm.free_and_total() if first else None
         except Exception as error:  # measure nothing more in this worker; make its batches as before
             _unpatch_fetch()
             probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")
@@ -376,6 +379,8 @@ def _make_fetch(original: Callable) -> Callable:
         try:
             samples = counter.popleft() if counter else None if self.auto_collation else count_samples(batch)
             probe.fetch_rows.append((t0, t1, cpu1 - cpu0, samples))
+            if shm_before is not None:  # once per worker: its batch against the shared memory left
+                probe.shared_memory(shm.reading(batch, t0, *shm_before))
         except Exception as error:
             _unpatch_fetch()
             probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")

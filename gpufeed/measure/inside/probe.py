@@ -221,6 +221,13 @@ class Probe:
         self.fetch_meta = {"worker_id": info.id if info is not None else None,
                            "torch_threads": torch.get_num_threads()}
 
+    def shared_memory(self, fields: dict) -> None:
+        """A worker's first batch against /dev/shm (``shm.reading``), written at once: a worker that
+        runs out of shared memory dies before the next flush, and this line says why."""
+        if self.fetch_meta is not None:
+            fields["worker_id"] = self.fetch_meta.get("worker_id")
+        self._writer.write(dict(fields, kind="shm", pid=self.pid))
+
     # -- CUDA ----------------------------------------------------------------------------------
     def cuda_in_use(self) -> bool:
         """True once the training process has initialised CUDA (never initialises it itself); the
