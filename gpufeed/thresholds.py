@@ -440,3 +440,30 @@ OFFLOAD_ADVICE_MIN_GAIN = 1.5
 # end: the input pipeline then costs more than the wait shows (the self-check says so and why).
 SELFCHECK_CONTRADICTING_GAIN = 1.10
 
+
+# -- Inside the batch: slow samples, in-order delivery, the wait by stage (analysis/batches.py) -----------
+# A sample is slow once it takes 4x the median sample and at least 1 ms: the workers name each batch's
+# samples above the same bar (measure/inside/patches.py), so the tail is kept small. MinatoLoader
+# (EuroSys 2026, arXiv 2509.10712) shows one slow sample holding its whole batch, and in-order delivery
+# keeping every later batch waiting behind it.
+SLOW_SAMPLE_FACTOR = 4.0
+SLOW_SAMPLE_MIN_S = 0.001
+# Slow samples split at the largest gap in their times when one is at least twice the next: the group
+# above is the slow kind (80 ms samples stood apart from 1 ms reads stretched to 5-20 ms on a saturated
+# 2-core machine, measured here); without such a gap all of them are named.
+SLOW_GROUP_GAP = 2.0
+# The slow indices follow a rule (index % m == r) when it covers at least half of the slow samples' time
+# beyond the median sample: on a saturated 2-core machine 1 ms reads stretched up to 130 ms here, beside
+# the 80 ms samples of the rule; the rule is looked for among the first 500 slow indices.
+SLOW_RULE_MIN_EXCESS_SHARE = 0.5
+SLOW_RULE_MAX_INDICES = 500
+# The finding names at most this many slow indices (and the rule they follow, where there is one).
+SLOW_SAMPLES_NAMED = 12
+# slow_samples fires when the loop's wait for batches holding a slow sample costs this share of the
+# wall time: the bar of a loss worth a finding (BOTTLENECK_MIN_SHARE, TensorFlow's 5%).
+SLOW_SAMPLE_WAIT_SHARE_FLAG = DATA_WAIT_SHARE_FLAG
+# A step is matched to its worker's batch by torch's round-robin; the match is dropped when more than
+# 5% of the batches would be delivered before their worker finished them (2 ms slack: the two
+# processes read one monotonic clock, but a fetch row ends after its batch is collated).
+MATCH_SLACK_S = 0.002
+MATCH_MAX_LATE_SHARE = 0.05

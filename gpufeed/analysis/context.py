@@ -24,6 +24,9 @@ class Context:
     what_if: Any = None
     # (your settings, the same on a machine no other program shares): ``whatif.quiet_machine``.
     quiet: Any = None
+    # The training loader's batches inside (``batches.BatchAnalysis``): slow samples, in-order delivery,
+    # the wait by stage; None where not measured.
+    batches: Any = None
 
 
 Rule = Callable[[Context], Optional[Finding]]

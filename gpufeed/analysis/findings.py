@@ -70,6 +70,15 @@ class Diagnosis:
     input_bound: str | None = None
     not_measured: str | None = None  # why there is no verdict (then ``bottleneck`` is None)
     checks: list[str] = field(default_factory=list)  # what the self-check changed, and why (``selfcheck``)
+    # The training loader's batches inside (``batches.BatchAnalysis``): the wait by stage, slow samples
+    batches: Any = None
+
+    @property
+    def wait_by_stage(self) -> str | None:
+        """The loop's wait split by stage, in words (None where not measured)."""
+        if self.batches is None:
+            return None
+        return self.batches.sentence(self.metrics.data_wait_share, self.costs.get("transfer"))
 
     @property
     def training(self) -> LoaderSummary | None:
@@ -101,4 +110,6 @@ class Diagnosis:
             "warnings": self.warnings,
             "run_dirs": self.run_dirs or [self.run_dir],
             "what_if": self.what_if.to_dict() if self.what_if is not None else None,
+            "batches": self.batches.to_dict() if self.batches is not None else None,
+            "wait_by_stage": self.wait_by_stage,
         }

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import pools, schema, validate
+from gpufeed.record.batch_rows import BatchParts, PartRows
 from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, LoopRows, StepRows
 
 
@@ -156,6 +157,8 @@ class RunRecord:
     fork_probes: list[ForkProbeRecord] = field(default_factory=list)
     # `shm` events: each DataLoader worker's first batch (batch_b) against /dev/shm's free space (free_b)
     shm: list[dict[str, Any]] = field(default_factory=list)
+    # `batch_parts` events by pid: a map-style worker's batches, its samples and collate timed
+    batch_parts: dict[int, BatchParts] = field(default_factory=dict)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -275,6 +278,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
     loop_rows: dict[int, list] = {}
+    part_rows: dict[int, tuple[list, list]] = {}
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
     for path in event_files:
         for ev in _lines(path, warnings):
@@ -325,6 +329,12 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 offloads.append(ev)
             elif kind == "shm":
                 shm.append(ev)
+            elif kind == "batch_parts":
+                rows, slow = part_rows.setdefault(pid, ([], []))
+                rows.extend(ev["rows"])
+                slow.extend((r[0], r[1] if isinstance(r[1], int) else None, r[2]) for r in ev.get("slow") or []
+                            if isinstance(r, list) and len(r) == 3 and isinstance(r[0], (int, float))
+                            and isinstance(r[2], (int, float)))
             elif kind == "samples_unknown":
                 unknown.setdefault(key, ev.get("reason"))
             elif kind == "warning":
@@ -372,6 +382,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
         autotune=autotune, fork_probes=fork_probes, shm=sorted(shm, key=lambda e: e["t"]),
+        batch_parts={pid: BatchParts(pid, PartRows.of(rows), slow) for pid, (rows, slow) in part_rows.items()},
         loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},
     )
 

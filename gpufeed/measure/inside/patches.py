@@ -350,8 +350,62 @@ def _start_in_worker() -> None:
     _worker_started_in = os.getpid()
     from torch.utils.data._utils import fetch
     _probe.start_in_worker()
-    patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+    patch(fetch._MapDatasetFetcher, "fetch", _make_map_fetch)
     patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
+
+
+# A sample is named in its batch's part row (``batch_parts``'s ``slow``) when it took this many times the
+# batch's median sample and at least SLOW_SAMPLE_MIN_S; each batch's slowest always is; at most
+# SLOW_SAMPLES_PER_BATCH of them (only the tail is kept: the analysis finds the slow ones across batches).
+SLOW_SAMPLE_FACTOR = 4.0
+SLOW_SAMPLE_MIN_S = 0.001
+SLOW_SAMPLES_PER_BATCH = 8
+
+
+def _make_map_fetch(original: Callable) -> Callable:
+    """A map-style fetcher's batch as torch makes it (``_MapDatasetFetcher.fetch``: ``dataset[i]`` per
+    index, then ``collate_fn``), with each ``dataset[i]`` call and the collate timed: the batch's
+    parts (``probe.batch_parts``, which ``_make_fetch``'s wrapper files with the batch's row). A
+    dataset with ``__getitems__``, or automatic batching off, is one call: made by torch's own code."""
+    clock = _clock
+
+    def map_fetch(self, possibly_batched_index):
+        probe = _probe
+        dataset = self.dataset
+        if (probe is None or not self.auto_collation or getattr(dataset, "__getitems__", None)):
+            return original(self, possibly_batched_index)
+        times, data = [], []
+        append_time, append = times.append, data.append
+        for idx in possibly_batched_index:
+            s0 = clock()
+            append(dataset[idx])
+            append_time(clock() - s0)
+        c0 = clock()
+        batch = self.collate_fn(data)
+        collate_s = clock() - c0
+        try:
+            probe.batch_parts = _parts(possibly_batched_index, times, collate_s)
+        except Exception:  # a measurement never breaks the user's loop
+            probe.batch_parts = None
+        return batch
+    return _make_fetch(map_fetch)
+
+
+def _parts(indices: Any, times: list[float], collate_s: float) -> tuple:
+    """(samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow): ``slow`` the batch's slowest
+    samples as [index, seconds] (indices that are not ints are named by their position in the batch)."""
+    n = len(times)
+    if not n:
+        return (0.0, collate_s, None, None, 0, [])
+    ordered = sorted(times)
+    p50 = ordered[n // 2]
+    bar = max(SLOW_SAMPLE_FACTOR * p50, SLOW_SAMPLE_MIN_S)
+    top = max(range(n), key=times.__getitem__)
+    picked = [k for k in range(n) if times[k] >= bar and k != top]
+    picked = [top] + sorted(picked, key=times.__getitem__, reverse=True)[:SLOW_SAMPLES_PER_BATCH - 1]
+    index_list = indices if isinstance(indices, list) else list(indices)
+    slow = [[index_list[k] if isinstance(index_list[k], int) else None, times[k]] for k in picked]
+    return (sum(times), collate_s, ordered[-1], p50, n, slow)
 
 
 def _make_fetch(original: Callable) -> Callable:
@@ -379,6 +433,10 @@ def _make_fetch(original: Callable) -> Callable:
         try:
             samples = counter.popleft() if counter else None if self.auto_collation else count_samples(batch)
             probe.fetch_rows.append((t0, t1, cpu1 - cpu0, samples))
+            parts = probe.batch_parts
+            if parts is not None:  # a map-style batch's samples and collate, timed (_make_map_fetch)
+                probe.batch_parts = None
+                probe.part_rows.append((t0, *parts))
             if shm_before is not None:  # once per worker: its batch against the shared memory left
                 probe.shared_memory(shm.reading(batch, t0, *shm_before))
         except Exception as error:

@@ -95,6 +95,10 @@ class Probe:
         # A worker's batches (t0, t1, cpu_s, samples), appended by the fetch patch; and who it is.
         self.fetch_rows: list[tuple] = []
         self.fetch_meta: dict | None = None
+        # A map-style worker's batch parts (patches._make_map_fetch): the last batch's, until its fetch row
+        # files them in part_rows as (t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow).
+        self.batch_parts: tuple | None = None
+        self.part_rows: list[tuple] = []
         self.cuda.forget_copies()  # a forked child's copies are its own
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self.pid}.jsonl"))
         self._stop = threading.Event()
@@ -148,6 +152,7 @@ class Probe:
         with self._lock:
             events, self._events = self._events, []
             fetch_rows, self.fetch_rows = self.fetch_rows, []
+            part_rows, self.part_rows = self.part_rows, []
             h2d_rows = self.cuda.take_h2d_rows(final=False)
             iterators = list(self._iterators)
             # Read `done` before taking rows: rows appended before the iterator died are written below.
@@ -170,6 +175,9 @@ class Probe:
                 lines.append({"kind": "cuda", "pid": self.pid, "iter_id": it.iter_id, "rows": cuda_rows})
         if fetch_rows:
             lines.append(dict(self.fetch_meta or {}, kind="fetches", pid=self.pid, rows=fetch_rows))
+        if part_rows:
+            lines.append({"kind": "batch_parts", "pid": self.pid, "rows": [r[:6] for r in part_rows],
+                          "slow": [[r[0], *s] for r in part_rows for s in r[6]]})
         if h2d_rows:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
         loop_rows = loop.take_rows()
