@@ -23,8 +23,10 @@ class RareSlow(Dataset):
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--workers", type=int, default=2)
+parser.add_argument("--unordered", action="store_true", help="in_order=False (torch >= 2.6)")
 args = parser.parse_args()
-loader = DataLoader(RareSlow(), batch_size=16, num_workers=args.workers, shuffle=False)  # LOADER
+extra = {"in_order": False} if args.unordered else {}
+loader = DataLoader(RareSlow(), batch_size=16, num_workers=args.workers, shuffle=False, **extra)  # LOADER
 for step, (x, y) in enumerate(loader):
     time.sleep(0.020)  # the training step
     if step + 1 >= args.steps:
