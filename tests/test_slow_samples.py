@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from gpufeed.analysis import batches
 from gpufeed.analysis.batches import BatchAnalysis
 from gpufeed.analysis.context import Context
@@ -59,3 +61,70 @@ def test_synthetic_runs_without_batch_parts_have_no_split(tmp_path):
     d = analyze(write_run(tmp_path / "run", Scenario()))
     assert "slow_samples" not in d.finding_ids
     assert d.batches is None or d.batches.samples_share is None
+
+
+# -- the wait split by stage (issue 35.3), on a record small enough to compute by hand -------------------
+def _record(tmp_path, fetches_w0, fetches_w1, steps, parts_w0=()):
+    """Two workers (pids 11, 12; prefetch_factor 2), their fetch rows, the loop's steps, worker 0's parts."""
+    from gpufeed.record import schema
+    from gpufeed.record.writer import JsonlWriter, write_json_atomic
+    run = tmp_path / "run"
+    ev = JsonlWriter(run / "events" / "10.jsonl")
+    config = {"num_workers": 2, "pin_memory": False, "prefetch_factor": 2, "persistent_workers": False,
+              "batch_size": 4, "drop_last": False, "dataset_type": "D", "dataset_len": 16, "iterable": False,
+              "sampler": "SequentialSampler", "batch_sampler": "BatchSampler", "multiprocessing_context": None}
+    ev.write({"kind": "iterator", "pid": 10, "iter_id": 0, "loader_id": 0, "t_created": -0.1, "t_ready": -0.1,
+              "worker_pids": [11, 12], "config": config})
+    ev.write({"kind": "steps", "pid": 10, "iter_id": 0, "rows": [[i, a, b, 4, None] for i, (a, b) in enumerate(steps)]})
+    ev.close()
+    for pid, rows in ((11, fetches_w0), (12, fetches_w1)):
+        w = JsonlWriter(run / "events" / f"{pid}.jsonl")
+        w.write({"kind": "fetches", "pid": pid, "worker_id": pid - 11, "rows": [[a, b, 0.0, 4] for a, b in rows]})
+        if pid == 11 and parts_w0:
+            w.write({"kind": "batch_parts", "pid": pid, "rows": [list(p) for p in parts_w0], "slow": []})
+        w.close()
+    meta = schema.RunMeta(schema_version=schema.SCHEMA_VERSION, gpufeed_version="t", name="run", command=["x"],
+                          cwd=".", hostname="h", cpu_count=2, started_at_unix=0.0, clock_offset_s=0.0, t_start=-1.0,
+                          t_end=1.0, end_reason="completed")
+    write_json_atomic(run / "meta.json", meta.to_dict())
+    return load_run(run)
+
+
+class _Training:
+    @staticmethod
+    def owns(it):
+        return True
+
+
+def _window(wall=0.2):
+    return Metrics(wall_s=wall, window_start_t=0.0, window_end_t=wall)
+
+
+def test_wait_split_by_stage_by_hand(tmp_path):
+    # Batch 0 (worker 0) is made in 90 ms while batch 1 (worker 1) is ready at 20 ms: the loop waits 100 ms
+    # for batch 0, 90 in the worker (80 samples, 10 collate; 70 of them with batch 1 ready: in order) and
+    # 10 in the hand-over. Batch 2 (worker 0, 90-145 ms) is waited for 25 ms in the worker, all of it with
+    # batch 3 (ready at 40 ms) made, then 5 ms hand-over; batches 1 and 3 each 1 ms hand-over.
+    record = _record(tmp_path, fetches_w0=[(0.0, 0.09), (0.09, 0.145)], fetches_w1=[(0.0, 0.02), (0.02, 0.04)],
+                     steps=[(0.0, 0.10), (0.11, 0.111), (0.12, 0.15), (0.16, 0.161)],
+                     parts_w0=[(0.0, 0.08, 0.01, 0.05, 0.02, 4), (0.09, 0.05, 0.005, 0.02, 0.01, 4)])
+    b = batches.analyze(record, _Training(), _window())
+    assert b.steps_matched == b.steps_in_window == 4
+    assert b.wait_share * 0.2 == pytest.approx(0.132)
+    assert b.worker_share * 0.2 == pytest.approx(0.115)
+    assert b.handover_share * 0.2 == pytest.approx(0.017)
+    assert b.in_order_share * 0.2 == pytest.approx(0.095)
+    assert b.samples_share * 0.2 == pytest.approx(0.08 + 0.025 * 0.05 / 0.055)
+    assert b.collate_share * 0.2 == pytest.approx(0.01 + 0.025 * 0.005 / 0.055)
+    text = b.sentence(0.66)
+    assert text.startswith(f"of the 66% wait, {b.worker_share * 100:.0f} points the worker making the batch (")
+    assert f"{b.in_order_share * 100:.0f} of them in order" in text and f"{b.handover_share * 100:.0f} the hand-over" in text
+
+
+def test_wait_split_refuses_a_match_that_breaks_causality(tmp_path):
+    """Batches delivered before their worker finished them: the round-robin match does not hold (in_order=False,
+    an exotic iterator), and nothing is split."""
+    record = _record(tmp_path, fetches_w0=[(0.0, 0.09), (0.09, 0.19)], fetches_w1=[(0.0, 0.02), (0.02, 0.04)],
+                     steps=[(0.0, 0.021), (0.03, 0.041), (0.05, 0.09), (0.1, 0.19)])
+    b = batches.analyze(record, _Training(), _window())
+    assert b.steps_matched == 0 and b.wait_share is None and b.sentence(0.5) is None

@@ -29,3 +29,13 @@ def test_slow_samples_are_named_with_their_indices(tmp_path):
     assert split["samples_share"] <= split["worker_share"] + 1e-9
     assert diag["wait_by_stage"].startswith(f"of the {diag['metrics']['data_wait_share'] * 100:.0f}% wait")
     assert "Wait split" in diag["_stdout"]
+
+
+def test_a_hand_over_that_dominates_is_split_out(tmp_path):
+    """32 MiB numpy batches made in milliseconds and pickled through the workers' pipes: the loop's wait is
+    the hand-over, not the workers making the batches."""
+    diag = diagnose(tmp_path, python("big_handover.py", "--steps", "40"), "--warmup", "5")
+    split = diag["batches"]
+    assert split["steps_matched"] == split["steps_in_window"] > 20, split
+    assert split["handover_share"] > 0.5 * split["wait_share"] and split["handover_share"] > split["worker_share"], split
+    assert "the hand-over" in diag["wait_by_stage"] and "slow_samples" not in [f["id"] for f in diag["findings"]]
