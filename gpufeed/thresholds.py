@@ -467,3 +467,10 @@ SLOW_SAMPLE_WAIT_SHARE_FLAG = DATA_WAIT_SHARE_FLAG
 # processes read one monotonic clock, but a fetch row ends after its batch is collated).
 MATCH_SLACK_S = 0.002
 MATCH_MAX_LATE_SHARE = 0.05
+
+# -- The user's code in the workers (analysis/rules/user_code.py) -----------------------------------------
+# user_code_hotspot: one function of the user's own files holds most (half or more) of the workers' CPU
+# samples while the loop waits for data (the issue's "holds most of the workers' time"); at least 20 CPU
+# samples (0.2 s of the workers' CPU at the profiler's 10 ms), below which a share is noise.
+USER_CODE_HOTSPOT_SHARE = 0.5
+USER_CODE_MIN_SAMPLES = 20

@@ -90,6 +90,9 @@ class Scenario:
     others: list[list] | None = None
     # Each worker's ``shm`` reading before its first batch: (batch_b, free_b, total_b) (None: no reading)
     shm: tuple[int, int, int] | None = None
+    # Each worker's ``profile`` stacks ([site, function, call, cpu_s, samples], ...) and its CPU outside them
+    profile: list[list] | None = None
+    profile_outside_s: float = 0.0
 
 
 def _loop_rows(events: JsonlWriter, sc: Scenario, t: float) -> float:
@@ -296,6 +299,10 @@ def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: 
             writer.write({"kind": "shm", "pid": pid, "t": t0, "path": "/dev/shm", "free_b": free_b - n * batch_b,
                           "total_b": total_b, "batch_b": batch_b, "tensors": 2, "sharing_strategy": "file_descriptor",
                           "worker_id": n})
+        if sc.profile is not None:
+            writer.write({"kind": "profile", "pid": pid, "interval_s": 0.01, "outside_s": sc.profile_outside_s,
+                          "samples": sum(r[4] for r in sc.profile) + round(sc.profile_outside_s / 0.01),
+                          "stacks": sc.profile})
         writer.write({"kind": "fetches", "pid": pid, "worker_id": n,
                       "torch_threads": sc.worker_torch_threads, "rows": rows})
         writer.close()

@@ -79,8 +79,8 @@ class BatchAnalysis:
         text = (f"of the {data_wait_share * 100 if data_wait_share is not None else self.wait_share * 100:.0f}% wait, "
                 f"{pts(self.worker_share)} points the worker making the batch"
                 + (f" ({'; '.join(inside)})" if inside else "")
-                + f", {pts(self.handover_share)} the hand-over (the worker's queue: pickling, the pipe or shared "
-                f"memory, unpickling{', pinning' if self.pin_memory else ''})")
+                + f", {pts(self.handover_share)} the hand-over (after the batch was made: the worker's queue, "
+                f"pickling, the pipe or shared memory, unpickling{', pinning' if self.pin_memory else ''}, waking the loop)")
         if copy_share is not None:
             text += f"; {pts(copy_share)} the copy to the GPU"
         if self.steps_matched < self.steps_in_window:

@@ -96,6 +96,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         part.rows.shift(dt)
         part.slow = [(t + dt, i, s) for t, i, s in part.slow]
     r.batch_parts = {part.pid: part for part in r.batch_parts.values()}
+    r.profiles = {pid(p): prof for p, prof in r.profiles.items()}
     for rows in r.loops.values():
         rows.shift(dt)
     r.loops = {pid(p): rows for p, rows in r.loops.items()}
@@ -184,7 +185,8 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
         shm=[ev for p in parts for ev in p.shm],
-        batch_parts={pid: bp for p in parts for pid, bp in p.batch_parts.items()},  # each node's /dev/shm: the rule groups them by host
+        batch_parts={pid: bp for p in parts for pid, bp in p.batch_parts.items()},
+        profiles={pid: prof for p in parts for pid, prof in p.profiles.items()},  # each node's /dev/shm: the rule groups them by host
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},
         ends={pid: ev for p in parts for pid, ev in p.ends.items()},
         warnings=warnings, parts=parts,

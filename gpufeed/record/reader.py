@@ -159,6 +159,9 @@ class RunRecord:
     shm: list[dict[str, Any]] = field(default_factory=list)
     # `batch_parts` events by pid: a map-style worker's batches, its samples and collate timed
     batch_parts: dict[int, BatchParts] = field(default_factory=dict)
+    # `profile` events by pid, summed: a worker's stack samples by the user's code (measure/inside/profiler.py):
+    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}}
+    profiles: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -279,6 +282,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     h2d_rows: list = []
     loop_rows: dict[int, list] = {}
     part_rows: dict[int, tuple[list, list]] = {}
+    profiles: dict[int, dict[str, Any]] = {}
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
     for path in event_files:
         for ev in _lines(path, warnings):
@@ -329,6 +333,16 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 offloads.append(ev)
             elif kind == "shm":
                 shm.append(ev)
+            elif kind == "profile":
+                prof = profiles.setdefault(pid, {"interval_s": ev.get("interval_s"), "samples": 0, "outside_s": 0.0,
+                                                 "stacks": {}})
+                prof["samples"] += ev.get("samples") or 0
+                prof["outside_s"] += ev.get("outside_s") or 0.0
+                for row in ev.get("stacks") or []:
+                    if isinstance(row, list) and len(row) == 5 and all(isinstance(v, (int, float)) for v in row[3:]):
+                        cell = prof["stacks"].setdefault((str(row[0]), str(row[1]), row[2]), [0.0, 0])
+                        cell[0] += row[3]
+                        cell[1] += row[4]
             elif kind == "batch_parts":
                 rows, slow = part_rows.setdefault(pid, ([], []))
                 rows.extend(ev["rows"])
@@ -382,6 +396,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         cuda_devices=cuda_devices,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
         autotune=autotune, fork_probes=fork_probes, shm=sorted(shm, key=lambda e: e["t"]),
+        profiles=profiles,
         batch_parts={pid: BatchParts(pid, PartRows.of(rows), slow) for pid, (rows, slow) in part_rows.items()},
         loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},
     )

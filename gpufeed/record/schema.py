@@ -49,6 +49,8 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``batch_parts`` pid, rows of [t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples]
               (PART_COLUMNS), slow of [t_start, index, seconds]: a map-style DataLoader worker's batches
               with each dataset[i] call timed (its slowest samples named, only the tail)
+``profile``   pid, interval_s, samples, outside_s, stacks of [site, function, call, cpu_s, samples]: a DataLoader
+              worker's CPU by the user's own code since its last flush (measure/inside/profiler.py)
 ``shm``       pid, t, path, free_b, total_b, batch_b, tensors, sharing_strategy, worker_id: once per DataLoader
               worker, /dev/shm's free space and size just before its first batch, and that batch's bytes in
               shared memory (its tensors' storages); written at once (measure/inside/shm.py)

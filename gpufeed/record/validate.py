@@ -107,6 +107,7 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "override": ({"pid": int}, {"site": str | None, "settings": dict | None, "refused": dict | None}),
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),
     "memory": ({"pid": int}, {"t": float | None}),
+    "profile": ({"pid": int, "samples": int}, {"interval_s": float | None, "outside_s": float | None, "stacks": list | None}),
     "batch_parts": ({"pid": int, "rows": _rows(len(schema.PART_COLUMNS), 1)}, {"slow": list | None}),
     "shm": ({"pid": int, "t": float}, {"free_b": int | None, "total_b": int | None, "batch_b": int | None,
                                       "tensors": int | None, "worker_id": int | None, "path": str | None,

@@ -39,3 +39,14 @@ def test_a_hand_over_that_dominates_is_split_out(tmp_path):
     assert split["steps_matched"] == split["steps_in_window"] > 20, split
     assert split["handover_share"] > 0.5 * split["wait_share"] and split["handover_share"] > split["worker_share"], split
     assert "the hand-over" in diag["wait_by_stage"] and "slow_samples" not in [f["id"] for f in diag["findings"]]
+
+
+def test_the_costly_function_is_named(tmp_path):
+    """A dataset whose cost sits in `augment`, a Python loop, among read, decode and normalise: the
+    workers' profile names it, with its line, and the fix for a Python loop."""
+    diag = diagnose(tmp_path, python("costly_function.py", "--steps", "100"), "--warmup", "5")
+    f = finding(diag, "user_code_hotspot")
+    e = f["evidence"]
+    assert e["function"] == "augment" and e["site"].startswith("costly_function.py:"), e
+    assert e["cpu_share"] >= 0.5 and e["call"] is None, e
+    assert "vectorise the Python loop" in f["recommendation"]

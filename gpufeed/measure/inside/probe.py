@@ -98,6 +98,7 @@ class Probe:
         # A map-style worker's batch parts (patches._make_map_fetch): the last batch's, until its fetch row
         # files them in part_rows as (t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow).
         self.batch_parts: tuple | None = None
+        self.profiler = None  # a worker's sampling profiler (start_in_worker)
         self.part_rows: list[tuple] = []
         self.cuda.forget_copies()  # a forked child's copies are its own
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self.pid}.jsonl"))
@@ -124,6 +125,9 @@ class Probe:
         import multiprocessing.util
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)
         self._stack_file = lifecycle.stacks_on_sigusr1(self.run_dir, self.pid)
+        # Where the worker's time goes, by the user's code: sampled on a timer (profiler.py)
+        from gpufeed.measure.inside import profiler
+        self.profiler = profiler.start()
 
     def _background(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
@@ -136,6 +140,8 @@ class Probe:
         self._closed = True
         self._fork_probe_done(self.fork_probe.release() if self.fork_probe is not None else None)
         self._stop.set()
+        if self.profiler is not None:
+            self.profiler.stop()
         self.flush(final=True)
         self._writer.write({"kind": "exit", "pid": self.pid, "t": _clock(), "reason": reason,
                             "exit_code": self.exit_code, "error": self.exit_error, **memory_at_exit()})
@@ -180,6 +186,9 @@ class Probe:
                           "slow": [[r[0], *s] for r in part_rows for s in r[6]]})
         if h2d_rows:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
+        profile = self.profiler.take() if self.profiler is not None else None
+        if profile is not None:
+            lines.append(dict(profile, kind="profile", pid=self.pid))
         loop_rows = loop.take_rows()
         if loop_rows:
             lines.append({"kind": "loop", "pid": self.pid, "rows": loop_rows})
