@@ -242,6 +242,21 @@ MEMORY_GROWTH_MIN_SHARE = 0.10
 COPY_ON_READ_SHARED_SHARE = 0.5
 MEMORY_GROWTH_MIN_B = 64 * 2**20
 MEMORY_GROWTH_MIN_POINTS = 5
+# shm_too_small: a DataLoader worker collates each batch straight into /dev/shm, and it stays there
+# until the loop lets go of it: besides num_workers x prefetch_factor batches in flight, /dev/shm held
+# 2 more at its peak, measured here (df polled every 10 ms, batches of 2 MiB, 2 workers: prefetch_factor
+# 1 peaked at 8.1 MiB = 4.0 batches, prefetch_factor 4 at 20.1 MiB = 10.0 batches): the batch the loop
+# holds and one being made or handed over. Once they outgrow the free space the workers die ("Bus
+# error", pytorch/pytorch#5040, #108861; torch 2.x: "unable to allocate shared memory ... No space
+# left on device"); Docker's default /dev/shm is 64 MB.
+SHM_BATCHES_HELD = 2
+# It is flagged once what the training loader needs reaches half of what was free: the first batch
+# is the one measured, and a later one can be larger (variable-length samples padded to the longest),
+# an evaluation loader's workers share the same /dev/shm, and the crash comes without warning; a
+# need above the free space is a failure, not a risk (high severity).
+SHM_NEED_SHARE_FLAG = 0.5
+# Docker's default --shm-size (64 MB): the size the advice rounds a suggested --shm-size up to multiples of.
+SHM_DOCKER_DEFAULT_B = 64 * 10**6
 # gpufeed batch-size: the share of capacity the largest batch may use (default): headroom for the
 # allocator's fragmentation, the CUDA context and longer samples later in training. YOLOv5's
 # autobatch aims at 80% of free memory; the PyTorch Profiler plugin flags peaks above 90%.
@@ -455,3 +470,37 @@ OFFLOAD_ADVICE_MIN_GAIN = 1.5
 # end: the input pipeline then costs more than the wait shows (the self-check says so and why).
 SELFCHECK_CONTRADICTING_GAIN = 1.10
 
+
+# -- Inside the batch: slow samples, in-order delivery, the wait by stage (analysis/batches.py) -----------
+# A sample is slow once it takes 4x the median sample and at least 1 ms: the workers name each batch's
+# samples above the same bar (measure/inside/patches.py), so the tail is kept small. MinatoLoader
+# (EuroSys 2026, arXiv 2509.10712) shows one slow sample holding its whole batch, and in-order delivery
+# keeping every later batch waiting behind it.
+SLOW_SAMPLE_FACTOR = 4.0
+SLOW_SAMPLE_MIN_S = 0.001
+# Slow samples split at the largest gap in their times when one is at least twice the next: the group
+# above is the slow kind (80 ms samples stood apart from 1 ms reads stretched to 5-20 ms on a saturated
+# 2-core machine, measured here); without such a gap all of them are named.
+SLOW_GROUP_GAP = 2.0
+# The slow indices follow a rule (index % m == r) when it covers at least half of the slow samples' time
+# beyond the median sample: on a saturated 2-core machine 1 ms reads stretched up to 130 ms here, beside
+# the 80 ms samples of the rule; the rule is looked for among the first 500 slow indices.
+SLOW_RULE_MIN_EXCESS_SHARE = 0.5
+SLOW_RULE_MAX_INDICES = 500
+# The finding names at most this many slow indices (and the rule they follow, where there is one).
+SLOW_SAMPLES_NAMED = 12
+# slow_samples fires when the loop's wait for batches holding a slow sample costs this share of the
+# wall time: the bar of a loss worth a finding (BOTTLENECK_MIN_SHARE, TensorFlow's 5%).
+SLOW_SAMPLE_WAIT_SHARE_FLAG = DATA_WAIT_SHARE_FLAG
+# A step is matched to its worker's batch by torch's round-robin; the match is dropped when more than
+# 5% of the batches would be delivered before their worker finished them (2 ms slack: the two
+# processes read one monotonic clock, but a fetch row ends after its batch is collated).
+MATCH_SLACK_S = 0.002
+MATCH_MAX_LATE_SHARE = 0.05
+
+# -- The user's code in the workers (analysis/rules/user_code.py) -----------------------------------------
+# user_code_hotspot: one function of the user's own files holds most (half or more) of the workers' CPU
+# samples while the loop waits for data (the issue's "holds most of the workers' time"); at least 20 CPU
+# samples (0.2 s of the workers' CPU at the profiler's 10 ms), below which a share is noise.
+USER_CODE_HOTSPOT_SHARE = 0.5
+USER_CODE_MIN_SAMPLES = 20

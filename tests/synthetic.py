@@ -92,6 +92,11 @@ class Scenario:
     offload_events: list[dict] = field(default_factory=list)
     # Programs outside the command: the sampler's ``others`` rows ([pid, name, cores]), every 2 s
     others: list[list] | None = None
+    # Each worker's ``shm`` reading before its first batch: (batch_b, free_b, total_b) (None: no reading)
+    shm: tuple[int, int, int] | None = None
+    # Each worker's ``profile`` stacks ([site, function, call, cpu_s, samples], ...) and its CPU outside them
+    profile: list[list] | None = None
+    profile_outside_s: float = 0.0
 
 
 def _loop_rows(events: JsonlWriter, sc: Scenario, t: float) -> float:
@@ -294,6 +299,15 @@ def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: 
         for k in range(per_producer):
             start = t0 + k * span
             rows.append([start, start + min(sc.fetch_wall_s, span), sc.fetch_cpu_s, sc.batch_size])
+        if sc.shm is not None:
+            batch_b, free_b, total_b = sc.shm
+            writer.write({"kind": "shm", "pid": pid, "t": t0, "path": "/dev/shm", "free_b": free_b - n * batch_b,
+                          "total_b": total_b, "batch_b": batch_b, "tensors": 2, "sharing_strategy": "file_descriptor",
+                          "worker_id": n})
+        if sc.profile is not None:
+            writer.write({"kind": "profile", "pid": pid, "interval_s": 0.01, "outside_s": sc.profile_outside_s,
+                          "samples": sum(r[4] for r in sc.profile) + round(sc.profile_outside_s / 0.01),
+                          "stacks": sc.profile})
         writer.write({"kind": "fetches", "pid": pid, "worker_id": n,
                       "torch_threads": sc.worker_torch_threads, "rows": rows})
         writer.close()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpufeed import thresholds as th
-from gpufeed.analysis import quiet, ranks, rules, selfcheck, whatif
+from gpufeed.analysis import batches, quiet, ranks, rules, selfcheck, whatif
 from gpufeed.analysis.findings import Diagnosis, Finding
 from gpufeed.analysis.metrics import Metrics, fork_steps_in_window, loader_summaries
 from gpufeed.record.reader import RunRecord, load_run
@@ -25,8 +25,9 @@ def analyze_record(record: RunRecord) -> Diagnosis:
     metrics, training = ranks.job_metrics(record, loaders)
     model = whatif.model(record, training, metrics)  # before the rules: cpu_saturated sizes the cores from it
     _charge_forks(record, training, metrics, model)
+    inside = batches.analyze(record, training, metrics)  # slow samples, in-order delivery, the wait by stage
     ctx = rules.Context(record=record, metrics=metrics, training=training, what_if=model.answers,
-                        quiet=whatif.quiet_machine(model))
+                        quiet=whatif.quiet_machine(model), batches=inside)
     findings = [f for f in (rule(ctx) for rule in rules.RULES) if f is not None]
     findings += rules.unexplained_losses(ctx, findings)
     findings = selfcheck.ranked(findings)  # by the time they cost; memory findings by the bytes they hold
@@ -59,6 +60,7 @@ def analyze_record(record: RunRecord) -> Diagnosis:
              "exit_code": record.meta.exit_code, "message": record.meta.message,
              "steps_requested": record.meta.steps_requested},
         warnings=warnings, what_if=what_if,
+        batches=None if not_measured or inside is None else inside,
     ))
 
 

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from gpufeed.analysis.findings import Finding
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
+from gpufeed.analysis.batches import BatchAnalysis
 from gpufeed.analysis.whatif import Prediction, WhatIf
 from gpufeed.record.reader import RunRecord
 
@@ -25,6 +26,9 @@ class Context:
     what_if: WhatIf | None = None
     # (your settings, the same on a machine no other program shares): ``whatif.quiet_machine``.
     quiet: tuple[Prediction, Prediction] | None = None
+    # The training loader's batches inside (``batches.BatchAnalysis``): slow samples, in-order delivery,
+    # the wait by stage; None where not measured.
+    batches: BatchAnalysis | None = None
 
 
 Rule = Callable[[Context], Optional[Finding]]

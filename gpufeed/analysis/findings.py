@@ -6,6 +6,7 @@ from typing import Any
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, json_safe, marked_training
+from gpufeed.analysis.batches import BatchAnalysis
 from gpufeed.analysis.whatif.types import WhatIf
 
 HIGH, MEDIUM, LOW, INFO = "high", "medium", "low", "info"
@@ -74,6 +75,15 @@ class Diagnosis:
     # Other programs held cores, and the headline (bottleneck, input_bound, costs) is the job's own on a
     # machine to itself (``analysis/quiet.py``): the model's figures, and under "measured" the run's.
     quiet_machine: dict[str, Any] | None = None
+    # The training loader's batches inside (``batches.BatchAnalysis``): the wait by stage, slow samples
+    batches: BatchAnalysis | None = None
+
+    @property
+    def wait_by_stage(self) -> str | None:
+        """The loop's wait split by stage, in words (None where not measured)."""
+        if self.batches is None:
+            return None
+        return self.batches.sentence(self.metrics.data_wait_share, self.costs.get("transfer"))
 
     @property
     def training(self) -> LoaderSummary | None:
@@ -106,4 +116,6 @@ class Diagnosis:
             "warnings": self.warnings,
             "run_dirs": self.run_dirs or [self.run_dir],
             "what_if": self.what_if.to_dict() if self.what_if is not None else None,
+            "batches": self.batches.to_dict() if self.batches is not None else None,
+            "wait_by_stage": self.wait_by_stage,
         }

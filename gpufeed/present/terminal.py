@@ -47,6 +47,8 @@ def numbers_table(d: Diagnosis) -> Table:
                                    f"p50 {fmt(m.data_wait_p50_ms, '.1f', ' ms')} per step in "
                                    + ("IteratorGetNext (tf.data)" if tf_data else
                                       "the loop's own code, outside the model" if loop else "next(loader)"))
+        if d.wait_by_stage:
+            table.add_row("Wait split", d.wait_by_stage)
     if d.gpu_available and not m.gpu_indices and m.gpu_match and not m.cuda_used:
         gpu = f"{NA}: {m.gpu_match}"
     elif d.gpu_available:

@@ -91,6 +91,12 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         f.pid = pid(f.pid)
         f.rows.shift(dt)
     r.h2d.shift(dt)
+    for part in r.batch_parts.values():
+        part.pid = pid(part.pid)
+        part.rows.shift(dt)
+        part.slow = [(t + dt, i, s) for t, i, s in part.slow]
+    r.batch_parts = {part.pid: part for part in r.batch_parts.values()}
+    r.profiles = {pid(p): prof for p, prof in r.profiles.items()}
     for rows in r.loops.values():
         rows.shift(dt)
     r.loops = {pid(p): rows for p, rows in r.loops.items()}
@@ -98,7 +104,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
     r.samples.procs = [[row._replace(pid=pid(row.pid), ppid=pid(row.ppid)) for row in procs] for procs in r.samples.procs]
     r.samples.gpu_procs = [{idx: {pid(p): b for p, b in pids.items()} for idx, pids in per_gpu.items()}
                            for per_gpu in r.samples.gpu_procs]
-    for ev in r.processes + r.stalls:
+    for ev in r.processes + r.stalls + r.shm:
         ev["pid"] = pid(ev.get("pid"))
         for key in ("t", "t_request"):
             if isinstance(ev.get(key), (int, float)):
@@ -178,6 +184,9 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         loops={pid: rows for p in parts for pid, rows in p.loops.items()},
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
+        shm=[ev for p in parts for ev in p.shm],
+        batch_parts={pid: bp for p in parts for pid, bp in p.batch_parts.items()},
+        profiles={pid: prof for p in parts for pid, prof in p.profiles.items()},  # each node's /dev/shm: the rule groups them by host
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},
         ends={pid: ev for p in parts for pid, ev in p.ends.items()},
         warnings=warnings, parts=parts,

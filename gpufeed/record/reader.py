@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import pools, schema, validate
+from gpufeed.record.batch_rows import BatchParts, PartRows
 from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, LoopRows, OtherRow, ProcRow, StepRows
 
 
@@ -157,6 +158,13 @@ class RunRecord:
     # `fork_probe` events: what the training step paid while a forked child shared its pages (a merged
     # record of several nodes keeps none: the what-if model covers one training process)
     fork_probes: list[ForkProbeRecord] = field(default_factory=list)
+    # `shm` events: each DataLoader worker's first batch (batch_b) against /dev/shm's free space (free_b)
+    shm: list[dict[str, Any]] = field(default_factory=list)
+    # `batch_parts` events by pid: a map-style worker's batches, its samples and collate timed
+    batch_parts: dict[int, BatchParts] = field(default_factory=dict)
+    # `profile` events by pid, summed: a worker's stack samples by the user's code (measure/inside/profiler.py):
+    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}}
+    profiles: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def worker_pids(self) -> set[int]:
@@ -267,7 +275,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
 
     processes, stalls, exits, ends, overrides, memory, cuda_devices = [], [], {}, {}, [], {}, []
     cuda_streams: list[dict[str, Any]] = []
-    tf_pipelines, tf_profiles, offloads, autotune, fork_probes = [], [], [], [], []
+    tf_pipelines, tf_profiles, offloads, autotune, fork_probes, shm = [], [], [], [], [], []
     iterators: dict[tuple[int, int], dict[str, Any]] = {}
     step_rows: dict[tuple[int, int], list] = {}
     cuda_rows: dict[tuple[int, int], list] = {}
@@ -277,6 +285,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     fetches: dict[int, dict[str, Any]] = {}
     h2d_rows: list = []
     loop_rows: dict[int, list] = {}
+    part_rows: dict[int, tuple[list, list]] = {}
+    profiles: dict[int, dict[str, Any]] = {}
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
     for path in event_files:
         for ev in _lines(path, warnings):
@@ -327,6 +337,24 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                     warnings.append(f"TensorFlow's profiler gave no input waits in pid {pid}: {ev['error']}")
             elif kind == "offload":
                 offloads.append(ev)
+            elif kind == "shm":
+                shm.append(ev)
+            elif kind == "profile":
+                prof = profiles.setdefault(pid, {"interval_s": ev.get("interval_s"), "samples": 0, "outside_s": 0.0,
+                                                 "stacks": {}})
+                prof["samples"] += ev.get("samples") or 0
+                prof["outside_s"] += ev.get("outside_s") or 0.0
+                for row in ev.get("stacks") or []:
+                    if isinstance(row, list) and len(row) == 5 and all(isinstance(v, (int, float)) for v in row[3:]):
+                        cell = prof["stacks"].setdefault((str(row[0]), str(row[1]), row[2]), [0.0, 0])
+                        cell[0] += row[3]
+                        cell[1] += row[4]
+            elif kind == "batch_parts":
+                rows, slow = part_rows.setdefault(pid, ([], []))
+                rows.extend(ev["rows"])
+                slow.extend((r[0], r[1] if isinstance(r[1], int) else None, r[2]) for r in ev.get("slow") or []
+                            if isinstance(r, list) and len(r) == 3 and isinstance(r[0], (int, float))
+                            and isinstance(r[2], (int, float)))
             elif kind == "samples_unknown":
                 unknown.setdefault(key, ev.get("reason"))
             elif kind == "warning":
@@ -373,7 +401,9 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         stalls=stalls, exits=exits, ends=ends, warnings=warnings, overrides=overrides, memory=memory,
         cuda_devices=cuda_devices, cuda_streams=cuda_streams,
         tf_pipelines=tf_pipelines, tf_profiles=tf_profiles, offloads=sorted(offloads, key=lambda e: e["t"]),
-        autotune=autotune, fork_probes=fork_probes,
+        autotune=autotune, fork_probes=fork_probes, shm=sorted(shm, key=lambda e: e["t"]),
+        profiles=profiles,
+        batch_parts={pid: BatchParts(pid, PartRows.of(rows), slow) for pid, (rows, slow) in part_rows.items()},
         loops={pid: LoopRows.of(rows) for pid, rows in loop_rows.items()},
     )
 

@@ -58,6 +58,14 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
               rss_peak_b (VmHWM), uss_b (private memory), shared_b (shared memory), and with CUDA cuda_mem_peak_b,
               cuda_mem_reserved_peak_b, cuda_mem_total_b
 ``memory``    pid, t, uss_start_b, shared_start_b: a DataLoader worker's private and shared memory at its start
+``batch_parts`` pid, rows of [t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples]
+              (PART_COLUMNS), slow of [t_start, index, seconds]: a map-style DataLoader worker's batches
+              with each dataset[i] call timed (its slowest samples named, only the tail)
+``profile``   pid, interval_s, samples, outside_s, stacks of [site, function, call, cpu_s, samples]: a DataLoader
+              worker's CPU by the user's own code since its last flush (measure/inside/profiler.py)
+``shm``       pid, t, path, free_b, total_b, batch_b, tensors, sharing_strategy, worker_id: once per DataLoader
+              worker, /dev/shm's free space and size just before its first batch, and that batch's bytes in
+              shared memory (its tensors' storages); written at once (measure/inside/shm.py)
 ``fork_probe`` pid, child_pid, t_fork, t_forked, t_released, steps, minor_faults, default_start_method
               (how a DataLoader without a multiprocessing_context starts workers there): once per run, inside
               the warm-up, the probe forked a child that only waited, from t_forked to t_released,
@@ -108,6 +116,9 @@ STOP_MARKER = "stop-requested"  # written by the runner as it asks the command t
 # loads them as typed views (``record/rows.py``: ``it.steps.t_request``).
 STEP_COLUMNS = ("index", "t_request", "t_deliver", "samples", "cpu_s", "thread_cpu_s")
 FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
+# ``batch_parts`` rows: a map-style worker's batch (its ``fetches`` row has the same t_start): the time in
+# its dataset[i] calls, in collate_fn, its slowest and its median sample, and its samples.
+PART_COLUMNS = ("t_start", "samples_s", "collate_s", "sample_max_s", "sample_p50_s", "samples")
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s", "non_blocking", "on_step_stream", "api")
 # ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's

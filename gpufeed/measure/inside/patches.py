@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Callable
 
-from gpufeed.measure.inside import cuda, dataloader_hook, loop, roles
+from gpufeed.measure.inside import cuda, dataloader_hook, loop, roles, shm
 from gpufeed.measure.inside.iterators import IteratorState, mark_done
 from gpufeed.measure.inside.loader_tag import tag, tag_of
 from gpufeed.measure.inside.loaders import (FROM_BATCH_SAMPLER, count_collated, count_indices, count_samples,
@@ -354,8 +354,65 @@ def _start_in_worker() -> None:
     _worker_started_in = os.getpid()
     from torch.utils.data._utils import fetch
     _probe.start_in_worker()
-    patch(fetch._MapDatasetFetcher, "fetch", _make_fetch)
+    patch(fetch._MapDatasetFetcher, "fetch", _make_map_fetch)
     patch(fetch._IterableDatasetFetcher, "fetch", _make_fetch)
+
+
+# A sample is named in its batch's part row (``batch_parts``'s ``slow``) when it took this many times the
+# batch's median sample and at least SLOW_SAMPLE_MIN_S; each batch's slowest always is; at most
+# SLOW_SAMPLES_PER_BATCH of them (only the tail is kept: the analysis finds the slow ones across batches).
+SLOW_SAMPLE_FACTOR = 4.0
+SLOW_SAMPLE_MIN_S = 0.001
+SLOW_SAMPLES_PER_BATCH = 8
+
+
+def _make_map_fetch(original: Callable) -> Callable:
+    """A map-style fetcher's batch as torch makes it (``_MapDatasetFetcher.fetch``: ``dataset[i]`` per
+    index, then ``collate_fn``), with each ``dataset[i]`` call and the collate timed: the batch's
+    parts (``probe.batch_parts``, which ``_make_fetch``'s wrapper files with the batch's row). A
+    dataset with ``__getitems__``, or automatic batching off, is one call: made by torch's own code."""
+    clock = _clock
+
+    def map_fetch(self, possibly_batched_index):
+        probe = _probe
+        dataset = self.dataset
+        if (probe is None or not self.auto_collation or getattr(dataset, "__getitems__", None)):
+            return original(self, possibly_batched_index)
+        data, ends = [], [clock()]  # one clock read a sample: each ends the sample and starts the next
+        append, append_end = data.append, ends.append
+        for idx in possibly_batched_index:
+            append(dataset[idx])
+            append_end(clock())
+        batch = self.collate_fn(data)
+        collate_s = clock() - ends[-1]
+        try:
+            probe.batch_parts = _parts(possibly_batched_index, [b - a for a, b in zip(ends, ends[1:])], collate_s)
+        except Exception:  # a measurement never breaks the user's loop
+            probe.batch_parts = None
+        return batch
+    return _make_fetch(map_fetch)
+
+
+def _parts(indices: Any, times: list[float], collate_s: float) -> tuple:
+    """(samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow): ``slow`` the batch's slowest
+    samples as [index, seconds] (an index that is not an int is null). The common batch, none above the
+    bar, costs a sort and one search, in C."""
+    n = len(times)
+    if not n:
+        return (0.0, collate_s, None, None, 0, [])
+    ordered = sorted(times)
+    p50, top = ordered[n // 2], ordered[-1]
+    bar = max(SLOW_SAMPLE_FACTOR * p50, SLOW_SAMPLE_MIN_S)
+    if top < bar or n == 1 or ordered[-2] < bar:
+        picked = [times.index(top)]
+    else:
+        picked = sorted((k for k in range(n) if times[k] >= bar), key=times.__getitem__,
+                        reverse=True)[:SLOW_SAMPLES_PER_BATCH]
+    slow = []
+    for k in picked:
+        index = indices[k]
+        slow.append([index if isinstance(index, int) else None, times[k]])
+    return (sum(times), collate_s, top, p50, n, slow)
 
 
 def _make_fetch(original: Callable) -> Callable:
@@ -366,9 +423,12 @@ def _make_fetch(original: Callable) -> Callable:
         if probe is None:
             return original(self, possibly_batched_index)
         try:
-            if probe.fetch_meta is None:
+            first = probe.fetch_meta is None
+            if first:
                 probe.first_fetch_in_process()
             counter = count_collated(self) if self.auto_collation else None
+            # Once per worker: /dev/shm before its first batch takes its room there (shm.py).
+            shm_before = shm.free_and_total() if first else None
         except Exception as error:  # measure nothing more in this worker; make its batches as before
             _unpatch_fetch()
             probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")
@@ -380,6 +440,12 @@ def _make_fetch(original: Callable) -> Callable:
         try:
             samples = counter.popleft() if counter else None if self.auto_collation else count_samples(batch)
             probe.fetch_rows.append((t0, t1, cpu1 - cpu0, samples))
+            parts = probe.batch_parts
+            if parts is not None:  # a map-style batch's samples and collate, timed (_make_map_fetch)
+                probe.batch_parts = None
+                probe.part_rows.append((t0, *parts))
+            if shm_before is not None:  # once per worker: its batch against the shared memory left
+                probe.shared_memory(shm.reading(batch, t0, *shm_before))
         except Exception as error:
             _unpatch_fetch()
             probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")

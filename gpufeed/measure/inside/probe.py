@@ -95,6 +95,11 @@ class Probe:
         # A worker's batches (t0, t1, cpu_s, samples), appended by the fetch patch; and who it is.
         self.fetch_rows: list[tuple] = []
         self.fetch_meta: dict | None = None
+        # A map-style worker's batch parts (patches._make_map_fetch): the last batch's, until its fetch row
+        # files them in part_rows as (t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow).
+        self.batch_parts: tuple | None = None
+        self.profiler = None  # a worker's sampling profiler (start_in_worker)
+        self.part_rows: list[tuple] = []
         self.cuda.forget_copies()  # a forked child's copies are its own
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self.pid}.jsonl"))
         self._stop = threading.Event()
@@ -120,6 +125,9 @@ class Probe:
         import multiprocessing.util
         multiprocessing.util.Finalize(self, self.close, exitpriority=100)
         self._stack_file = lifecycle.stacks_on_sigusr1(self.run_dir, self.pid)
+        # Where the worker's time goes, by the user's code: sampled on a timer (profiler.py)
+        from gpufeed.measure.inside import profiler
+        self.profiler = profiler.start()
 
     def _background(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
@@ -132,6 +140,8 @@ class Probe:
         self._closed = True
         self._fork_probe_done(self.fork_probe.release() if self.fork_probe is not None else None)
         self._stop.set()
+        if self.profiler is not None:
+            self.profiler.stop()
         self.flush(final=True)
         self._writer.write({"kind": "exit", "pid": self.pid, "t": _clock(), "reason": reason,
                             "exit_code": self.exit_code, "error": self.exit_error, **memory_at_exit(self.cuda.device)})
@@ -148,6 +158,7 @@ class Probe:
         with self._lock:
             events, self._events = self._events, []
             fetch_rows, self.fetch_rows = self.fetch_rows, []
+            part_rows, self.part_rows = self.part_rows, []
             h2d_rows = self.cuda.take_h2d_rows(final=False)
             iterators = list(self._iterators)
             # Read `done` before taking rows: rows appended before the iterator died are written below.
@@ -170,8 +181,14 @@ class Probe:
                 lines.append({"kind": "cuda", "pid": self.pid, "iter_id": it.iter_id, "rows": cuda_rows})
         if fetch_rows:
             lines.append(dict(self.fetch_meta or {}, kind="fetches", pid=self.pid, rows=fetch_rows))
+        if part_rows:
+            lines.append({"kind": "batch_parts", "pid": self.pid, "rows": [r[:6] for r in part_rows],
+                          "slow": [[r[0], *s] for r in part_rows for s in r[6]]})
         if h2d_rows:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
+        profile = self.profiler.take() if self.profiler is not None else None
+        if profile is not None:
+            lines.append(dict(profile, kind="profile", pid=self.pid))
         loop_rows = loop.take_rows()
         if loop_rows:
             lines.append({"kind": "loop", "pid": self.pid, "rows": loop_rows})
@@ -220,6 +237,13 @@ class Probe:
         info = torch.utils.data.get_worker_info()
         self.fetch_meta = {"worker_id": info.id if info is not None else None,
                            "torch_threads": torch.get_num_threads()}
+
+    def shared_memory(self, fields: dict) -> None:
+        """A worker's first batch against /dev/shm (``shm.reading``), written at once: a worker that
+        runs out of shared memory dies before the next flush, and this line says why."""
+        if self.fetch_meta is not None:
+            fields["worker_id"] = self.fetch_meta.get("worker_id")
+        self._writer.write(dict(fields, kind="shm", pid=self.pid))
 
     # -- CUDA ----------------------------------------------------------------------------------
     def cuda_in_use(self) -> bool:

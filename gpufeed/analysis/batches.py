@@ -1,0 +1,289 @@
+"""Inside the training loader's batches (issue 35.2, 35.3): slow samples, what in-order delivery costs,
+and where the loop's wait for a batch goes.
+
+Each step of a torch DataLoader iterator with ``num_workers`` workers and in-order delivery (the
+default) is the batch of worker ``i % num_workers``, its ``i // num_workers``-th (torch sends indices
+round-robin, ``_worker_queue_idx_cycle``). So each step's batch is matched to its worker's fetch row:
+when it was made (``t_start``, ``t_end``), and from ``batch_parts`` its samples' and collate's time.
+The match is checked (a batch delivered before its worker finished it means the match is wrong) and
+dropped where it fails. Only an iterator's first epoch is matched (a persistent iterator's next epoch
+restarts the cycle).
+
+For each matched step with a wait ``[t_request, t_deliver]``:
+
+- **made in the worker**: the part of the wait before its batch's fetch ended (the worker making it,
+  or still busy with its earlier batches), split between reading samples and collating by its parts;
+- **in order**: of that, the time during which a later batch (one in flight, up to ``num_workers ×
+  prefetch_factor`` ahead) was already made: with ``in_order=False`` torch would have handed that
+  one over instead (head-of-line blocking; MinatoLoader, EuroSys 2026);
+- **hand-over**: after its fetch ended (the batch in the worker's queue, pickled, received, unpickled
+  from shared memory and, with ``pin_memory``, pinned by the pin thread).
+
+Slow samples: a sample slower than ``SLOW_SAMPLE_FACTOR`` × the median sample (and at least
+``SLOW_SAMPLE_MIN_S``), from each batch's slowest ones as the worker named them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from gpufeed import thresholds as th
+from gpufeed.analysis.metrics import LoaderSummary, Metrics
+from gpufeed.record.reader import IteratorRecord, RunRecord
+
+
+@dataclass
+class BatchAnalysis:
+    """The training loader's batches, as far as they were measured (None: not measured)."""
+
+    steps_matched: int = 0
+    steps_in_window: int = 0
+    # The loop's wait, split (shares of the window's wall time)
+    wait_share: float | None = None          # the matched steps' wait
+    worker_share: float | None = None        # made in the worker (in_order included)
+    samples_share: float | None = None       # ... of which reading samples (dataset[i])
+    collate_share: float | None = None       # ... of which collate_fn
+    in_order_share: float | None = None      # ... of which a later batch was already made
+    handover_share: float | None = None      # after its fetch ended
+    # Samples
+    batches: int = 0                         # batches with their samples timed
+    samples: int = 0
+    sample_p50_s: float | None = None        # median of the batches' median sample
+    sample_p99_s: float | None = None        # the samples' p99, where the named tail covers it
+    slow_bar_s: float | None = None
+    slow: list[tuple[int | None, float]] = field(default_factory=list)  # (index, seconds), slowest first
+    slow_batch_share: float | None = None    # batches holding a slow sample
+    slow_wait_share: float | None = None     # the loop's wait for the matched batches that held one
+    slow_excess_s: float | None = None       # the slow samples' time beyond the median sample, summed
+    rule: str | None = None                  # the rule the slow indices follow ("index % 101 == 37")
+    rule_samples: int = 0                    # the slow samples it covers (named first in ``slow``)
+    workers: int | None = None
+    prefetch_factor: int | None = None
+    pin_memory: bool | None = None
+
+    def sentence(self, data_wait_share: float | None, copy_share: float | None = None) -> str | None:
+        """"of the 40% wait, 30 points the worker making the batch (27 reading samples, 3 collating),
+        4 in order behind a slower batch, 8 the hand-over; 2 the copy to the GPU"; None where not split."""
+        if self.wait_share is None or self.worker_share is None:
+            return None
+        pts = lambda share: f"{share * 100:.0f}"  # noqa: E731
+        inside = []
+        if self.samples_share is not None and self.collate_share is not None:
+            inside += [f"{pts(self.samples_share)} reading samples", f"{pts(self.collate_share)} collating"]
+        if self.in_order_share:
+            inside.append(f"{pts(self.in_order_share)} of them in order, a later batch already made")
+        text = (f"of the {data_wait_share * 100 if data_wait_share is not None else self.wait_share * 100:.0f}% wait, "
+                f"{pts(self.worker_share)} points the worker making the batch"
+                + (f" ({'; '.join(inside)})" if inside else "")
+                + f", {pts(self.handover_share)} the hand-over (after the batch was made: the worker's queue, "
+                f"pickling, the pipe or shared memory, unpickling{', pinning' if self.pin_memory else ''}, waking the loop)")
+        if copy_share is not None:
+            text += f"; {pts(copy_share)} the copy to the GPU"
+        if self.steps_matched < self.steps_in_window:
+            text += f" ({self.steps_matched} of {self.steps_in_window} steps matched to their batch)"
+        return text
+
+    @property
+    def slow_indices(self) -> list[int]:
+        """The slow samples' indices: those the rule covers first, each group in index order."""
+        head = sorted({i for i, _ in self.slow[:self.rule_samples] if i is not None})
+        return head + sorted({i for i, _ in self.slow[self.rule_samples:] if i is not None} - set(head))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k != "slow"}
+        d["slow"] = [[i, s] for i, s in self.slow[:th.SLOW_SAMPLES_NAMED]]
+        d["slow_indices"] = self.slow_indices[:th.SLOW_SAMPLES_NAMED]
+        return d
+
+
+def _fetches_by_worker(record: RunRecord, it: IteratorRecord) -> list[tuple[np.ndarray, Any]] | None:
+    """Per worker id (the iterator's worker_pids are in worker id order): its fetch rows in time order
+    and its batch parts (or None)."""
+    by_pid = {f.pid: f for f in record.fetches}
+    out = []
+    for pid in it.worker_pids:
+        f = by_pid.get(pid)
+        if f is None or not len(f.rows):
+            return None
+        rows = np.asarray(f.rows)
+        out.append((rows[np.argsort(rows[:, 0], kind="stable")], record.batch_parts.get(pid)))
+    return out
+
+
+def _parts_of(parts: Any, t_start: float) -> tuple[float, float] | None:
+    """(samples_s, collate_s) of the batch whose fetch started at t_start."""
+    if parts is None or not len(parts.rows):
+        return None
+    rows = np.asarray(parts.rows)
+    k = int(np.searchsorted(rows[:, 0], t_start))
+    if k < len(rows) and rows[k, 0] == t_start:
+        return float(rows[k, 1]), float(rows[k, 2])
+    return None
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def analyze(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> BatchAnalysis | None:
+    if training is None or not m.wall_s or m.window_start_t is None or m.window_end_t is None:
+        return None
+    its = [it for it in record.iterators if training.owns(it) and len(it.worker_pids) >= 1 and len(it.steps)
+           and it.config.offload is None]
+    if not its:
+        return None
+    out = BatchAnalysis(workers=its[0].config.num_workers, prefetch_factor=its[0].config.prefetch_factor or 2,
+                        pin_memory=its[0].config.pin_memory)
+    _samples(record, its, m, out)
+    _split(record, its, m, out)
+    return out
+
+
+def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchAnalysis) -> None:
+    waits = dict(worker=0.0, samples=0.0, collate=0.0, in_order=0.0, handover=0.0, wait=0.0)
+    slow_wait, matched, in_window = 0.0, 0, 0
+    bar = out.slow_bar_s
+    for it in its:
+        workers = _fetches_by_worker(record, it)
+        if workers is None:
+            continue
+        n = len(workers)
+        ahead = n * (it.config.prefetch_factor or 2)
+        steps = it.steps
+        first_epoch = np.asarray(steps.t_request) < (it.epoch_starts[0] if it.epoch_starts else math.inf)
+        idx = np.asarray(steps.index).astype(int)
+        # Each step's batch: its worker's row (t_start, t_end, ...) or None.
+        def row(i: int):
+            w, k = i % n, i // n
+            rows = workers[w][0]
+            return rows[k] if k < len(rows) else None
+        made = {int(i): row(int(i)) for i in idx[first_epoch]}
+        ok = [i for i, r in made.items() if r is not None]
+        # The match holds when batches are delivered after their worker finished them.
+        late = [i for i in ok if made[i][1] > steps.t_deliver[np.searchsorted(idx, i)] + th.MATCH_SLACK_S]
+        if not ok or len(late) > th.MATCH_MAX_LATE_SHARE * len(ok):
+            continue
+        for pos in np.flatnonzero(first_epoch):
+            i = int(idx[pos])
+            t_req, t_del = float(steps.t_request[pos]), float(steps.t_deliver[pos])
+            if not (m.window_start_t <= t_req and t_del <= m.window_end_t):
+                continue
+            in_window += 1
+            r = made.get(i)
+            if r is None:
+                continue
+            matched += 1
+            start, end = float(r[0]), float(r[1])
+            wait = t_del - t_req
+            waits["wait"] += wait
+            in_worker = _overlap(t_req, t_del, -math.inf, end)
+            waits["worker"] += in_worker
+            waits["handover"] += wait - in_worker
+            parts = _parts_of(workers[i % n][1], start)
+            made_s = end - start
+            if parts is not None and made_s > 0:
+                # the part of the wait while this batch itself was made, split by its parts
+                own = _overlap(t_req, t_del, start, end)
+                waits["samples"] += own * min(parts[0] / made_s, 1.0)
+                waits["collate"] += own * min(parts[1] / made_s, 1.0 - min(parts[0] / made_s, 1.0))
+            later = [made[j][1] for j in range(i + 1, i + ahead) if made.get(j) is not None]
+            ready = min(later, default=math.inf)
+            if ready < end:
+                waits["in_order"] += _overlap(t_req, t_del, ready, end)
+            if bar is not None and parts is not None:
+                slow_here = _batch_max(workers[i % n][1], start)
+                if slow_here is not None and slow_here >= bar:
+                    slow_wait += wait
+    out.steps_matched, out.steps_in_window = matched, in_window
+    if not matched:
+        return
+    wall = m.wall_s
+    out.wait_share = waits["wait"] / wall
+    out.worker_share = waits["worker"] / wall
+    out.samples_share = waits["samples"] / wall if any(record.batch_parts.get(p) for it in its for p in it.worker_pids) else None
+    out.collate_share = waits["collate"] / wall if out.samples_share is not None else None
+    out.in_order_share = waits["in_order"] / wall
+    out.handover_share = waits["handover"] / wall
+    out.slow_wait_share = slow_wait / wall if bar is not None else None
+
+
+def _batch_max(parts: Any, t_start: float) -> float | None:
+    if parts is None:
+        return None
+    rows = np.asarray(parts.rows)
+    k = int(np.searchsorted(rows[:, 0], t_start))
+    return float(rows[k, 3]) if k < len(rows) and rows[k, 0] == t_start else None
+
+
+def _samples(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchAnalysis) -> None:
+    """The samples' tail, from the training loader's workers' batch parts inside the window."""
+    pids = {p for it in its for p in it.worker_pids}
+    rows, slow = [], []
+    for pid in pids:
+        parts = record.batch_parts.get(pid)
+        if parts is None or not len(parts.rows):
+            continue
+        r = np.asarray(parts.rows)
+        keep = (r[:, 0] >= m.window_start_t) & (r[:, 0] <= m.window_end_t)
+        rows.append(r[keep])
+        slow += [(t, i, s) for t, i, s in parts.slow if m.window_start_t <= t <= m.window_end_t]
+    if not rows:
+        return
+    table = np.concatenate(rows)
+    table = table[np.isfinite(table[:, 4])]
+    if not len(table):
+        return
+    out.batches, out.samples = len(table), int(np.nansum(table[:, 5]))
+    out.sample_p50_s = float(np.median(table[:, 4]))
+    bar = max(th.SLOW_SAMPLE_FACTOR * out.sample_p50_s, th.SLOW_SAMPLE_MIN_S)
+    out.slow_bar_s = bar
+    named = _slowest_group(sorted(((i, s) for _t, i, s in slow if s >= bar), key=lambda x: -x[1]))
+    bar = out.slow_bar_s = min((s for _i, s in named), default=bar)
+    out.slow = named
+    out.slow_batch_share = float(np.mean(table[:, 3] >= bar))
+    out.slow_excess_s = float(sum(s - out.sample_p50_s for _i, s in named))
+    # p99 of the samples: the k-th slowest, when the named tail (every sample above the bar) reaches it
+    k = max(1, math.ceil(0.01 * out.samples))
+    tail = sorted((s for _t, _i, s in slow), reverse=True)
+    out.sample_p99_s = tail[k - 1] if len(tail) >= k and tail[k - 1] >= bar else None
+    out.rule, following = index_rule(named, out.sample_p50_s)
+    if following:  # the samples the rule names first (a busy machine's stray slow reads after them)
+        out.slow = [x for x in named if x[0] in following] + [x for x in named if x[0] not in following]
+        out.rule_samples = len(following)
+
+
+def _slowest_group(named: list[tuple[int | None, float]]) -> list[tuple[int | None, float]]:
+    """The slow samples above the largest gap in their times (slowest first), where one sample is at least
+    ``SLOW_GROUP_GAP`` times the next: rare slow samples of one kind stand apart from a busy machine's
+    scatter (a 1 ms read taking 5-20 ms under load against 80 ms ones); else all of them."""
+    if len(named) < 2:
+        return named
+    ratios = [a[1] / b[1] if b[1] > 0 else math.inf for a, b in zip(named, named[1:])]
+    cut = int(np.argmax(ratios))
+    return named[:cut + 1] if ratios[cut] >= th.SLOW_GROUP_GAP else named
+
+
+def index_rule(named: list[tuple[int | None, float]], p50_s: float) -> tuple[str | None, set[int]]:
+    """``index % m == r`` and the indices it covers, where it covers at least 3 slow samples and at least
+    ``SLOW_RULE_MIN_EXCESS_SHARE`` of their time beyond the median sample: m from the most common
+    differences between slow indices (> 1), r the most common residue; else (None, {})."""
+    indices = sorted({i for i, _s in named if i is not None})[:th.SLOW_RULE_MAX_INDICES]
+    if len(indices) < 3:
+        return None, set()
+    excess = {i: s - p50_s for i, s in named if i is not None}
+    total = sum(max(v, 0.0) for v in excess.values())
+    diffs = Counter(b - a for k, a in enumerate(indices) for b in indices[k + 1:])
+    best: tuple[float, str, set[int]] | None = None
+    for m, _count in diffs.most_common(8):
+        if m <= 1:
+            continue
+        r, _n = Counter(i % m for i in indices).most_common(1)[0]
+        covered = {i for i in indices if i % m == r}
+        share = sum(max(excess[i], 0.0) for i in covered) / total if total > 0 else 0.0
+        if len(covered) >= 3 and share >= th.SLOW_RULE_MIN_EXCESS_SHARE and (best is None or share > best[0] + 1e-9):
+            best = (share, f"index % {m} == {r}", covered)
+    return (best[1], best[2]) if best else (None, set())

@@ -1,0 +1,46 @@
+"""A dataset whose cost sits in one named function among several: each sample is read (a short sleep),
+decoded (about 1 ms of CPU), then augmented by `augment`, a pure-Python loop over its values (about 2 ms),
+and normalised; the test asserts the profile names `augment`."""
+import argparse
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+def read(i: int) -> list[float]:
+    time.sleep(0.0001)
+    return [float((i * 7 + k) % 13) for k in range(64)]
+
+
+def decode(values: list[float]) -> list[float]:
+    return sorted(values)
+
+
+def augment(values: list[float]) -> list[float]:
+    out = values
+    for _ in range(400):  # the cost: a Python loop a vectorised op would do at once
+        out = [v * 0.99 + 0.01 for v in out]
+    return out
+
+
+def normalise(values: list[float]) -> torch.Tensor:
+    return torch.tensor(values) / 13.0
+
+
+class Costly(Dataset):
+    def __len__(self) -> int:
+        return 16 * 2000
+
+    def __getitem__(self, i: int):
+        return normalise(augment(decode(read(i)))), i % 3
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=120)
+args = parser.parse_args()
+loader = DataLoader(Costly(), batch_size=16, num_workers=2)  # LOADER
+for step, (x, y) in enumerate(loader):
+    time.sleep(0.005)
+    if step + 1 >= args.steps:
+        break
