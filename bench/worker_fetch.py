@@ -1,6 +1,6 @@
 """What the probe costs a DataLoader worker per batch (issue 35.2): torch's map-style fetch plain, with the
 probe's fetch timing as before (one row a batch), and with each ``dataset[i]`` and the collate timed
-(``patches._make_map_fetch``, the batch's parts and slow tail), in one process, blocks alternating, the
+(``workers._make_map_fetch``, the batch's parts and slow tail), in one process, blocks alternating, the
 median per batch of each. Time is this thread's CPU time, so other programs on a shared machine do not count.
 
     python bench/worker_fetch.py [--blocks 31] [--batches 300] [--batch-size 64]
@@ -28,7 +28,7 @@ def main() -> None:
     from torch.utils.data._utils.collate import default_collate
     from torch.utils.data._utils.fetch import _MapDatasetFetcher
 
-    from gpufeed.measure.inside import patches
+    from gpufeed.measure.inside import workers
     from gpufeed.measure.inside.probe import Probe
 
     class Cheap(torch.utils.data.Dataset):  # the cheapest sample: the probe's cost is all that differs
@@ -39,14 +39,14 @@ def main() -> None:
             return i
 
     original = _MapDatasetFetcher.fetch
-    variants = {"plain": original, "batch timed": patches._make_fetch(original),
-                "samples timed": patches._make_map_fetch(original)}
+    variants = {"plain": original, "batch timed": workers._make_fetch(original),
+                "samples timed": workers._make_map_fetch(original)}
     fetcher = _MapDatasetFetcher(Cheap(), True, default_collate, False)
     indices = list(range(args.batch_size))
     with tempfile.TemporaryDirectory() as run_dir:
         probe = Probe(run_dir, flush_interval_s=3600)
         probe.fetch_meta = {"worker_id": 0, "torch_threads": 1}  # as after a worker's first batch
-        patches._probe = probe
+        workers._probe = probe
         per_batch = {name: [] for name in variants}
         for _ in range(args.blocks):
             for name, fetch in variants.items():
@@ -56,7 +56,7 @@ def main() -> None:
                 per_batch[name].append((time.thread_time() - t0) / args.batches)
                 probe.fetch_rows.clear()
                 probe.part_rows.clear()
-        patches._probe = None
+        workers._probe = None
     plain = statistics.median(per_batch["plain"])
     print(f"batch of {args.batch_size} cheap samples, median of {args.blocks} blocks of {args.batches} batches "
           f"(thread CPU time):")

@@ -1,5 +1,8 @@
 """Every threshold the analysis uses, in one place, each with its reason or source.
 
+(Longer than 450 lines because it is the one table of them, by design: a threshold and its reason
+are read together, and split files would hide one from another.)
+
 Sources (peers' rules, what users hit, what was measured here) are in ``docs/sources.md``.
 Shares are fractions of the measured wall time; percentages are named ``*_PCT``.
 """

@@ -1,5 +1,8 @@
 """Load a run directory into typed, array-backed objects for the analysis.
 
+(Longer than 450 lines because it reads every event kind of the record in one pass over its files,
+a few lines each; the rows' typed views are in ``rows.py`` and ``batch_rows.py``.)
+
 A run that crashed or was killed leaves torn last lines and no end in ``meta.json``: they are
 read as far as they go, and each gap becomes a warning rather than an error. Every line is checked
 against the schema (``validate.py``): one that does not fit is skipped and counted, with its file

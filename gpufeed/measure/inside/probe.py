@@ -95,7 +95,7 @@ class Probe:
         # A worker's batches (t0, t1, cpu_s, samples), appended by the fetch patch; and who it is.
         self.fetch_rows: list[tuple] = []
         self.fetch_meta: dict | None = None
-        # A map-style worker's batch parts (patches._make_map_fetch): the last batch's, until its fetch row
+        # A map-style worker's batch parts (workers._make_map_fetch): the last batch's, until its fetch row
         # files them in part_rows as (t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow).
         self.batch_parts: tuple | None = None
         self.profiler = None  # a worker's sampling profiler (start_in_worker)
@@ -112,7 +112,7 @@ class Probe:
             self._start_in_this_process()
 
     def start_in_worker(self) -> None:
-        """In a DataLoader worker (forked or spawned), as it starts (``patches._start_in_worker``)."""
+        """In a DataLoader worker (forked or spawned), as it starts (``workers._start_in_worker``)."""
         self.ensure_this_process()
         # A forked worker inherits the training process's Tensor.to patch: its copies are not the
         # loop's (and its transforms' .to() calls must not pay for it).

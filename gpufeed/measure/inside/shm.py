@@ -6,7 +6,7 @@ training loop lets go of it. With ``num_workers × prefetch_factor`` batches in 
 64 MB ``/dev/shm`` (Docker's default) fills, and the job dies ("Bus error", or torch's "unable to
 allocate shared memory ... No space left on device").
 
-Once per worker (``patches._make_fetch``): ``os.statvfs`` of ``/dev/shm`` before its first batch,
+Once per worker (``workers._make_fetch``): ``os.statvfs`` of ``/dev/shm`` before its first batch,
 and that batch's tensors' bytes (one walk of that one batch), written at once (the worker may die
 before the next flush): the ``shm`` event. Nothing here runs per batch.
 
