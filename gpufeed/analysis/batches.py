@@ -27,13 +27,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.metrics import LoaderSummary, Metrics
 from gpufeed.record.reader import IteratorRecord, RunRecord
+from gpufeed.record.rows import BatchParts, PartRows
 
 
 @dataclass
@@ -100,28 +101,44 @@ class BatchAnalysis:
         return d
 
 
-def _fetches_by_worker(record: RunRecord, it: IteratorRecord) -> list[tuple[np.ndarray, Any]] | None:
-    """Per worker id (the iterator's worker_pids are in worker id order): its fetch rows in time order
-    and its batch parts (or None)."""
+class Made(NamedTuple):
+    """When a worker made a batch: its fetch row's start and end."""
+
+    start: float
+    end: float
+
+
+class Parts(NamedTuple):
+    """A batch's samples' and collate's time, and its slowest sample (its ``batch_parts`` row)."""
+
+    samples_s: float
+    collate_s: float
+    sample_max_s: float
+
+
+def _fetches_by_worker(record: RunRecord, it: IteratorRecord) -> list[tuple[list[Made], BatchParts | None]] | None:
+    """Per worker id (the iterator's worker_pids are in worker id order): when it made each of its
+    batches, in time order, and its batch parts (or None)."""
     by_pid = {f.pid: f for f in record.fetches}
     out = []
     for pid in it.worker_pids:
         f = by_pid.get(pid)
         if f is None or not len(f.rows):
             return None
-        rows = np.asarray(f.rows)
-        out.append((rows[np.argsort(rows[:, 0], kind="stable")], record.batch_parts.get(pid)))
+        order = np.argsort(f.rows.t_start, kind="stable")
+        made = [Made(float(a), float(b)) for a, b in zip(f.rows.t_start[order], f.rows.t_end[order])]
+        out.append((made, record.batch_parts.get(pid)))
     return out
 
 
-def _parts_of(parts: Any, t_start: float) -> tuple[float, float] | None:
-    """(samples_s, collate_s) of the batch whose fetch started at t_start."""
+def _parts_of(parts: BatchParts | None, t_start: float) -> Parts | None:
+    """The parts of the batch whose fetch started at ``t_start``."""
     if parts is None or not len(parts.rows):
         return None
-    rows = np.asarray(parts.rows)
-    k = int(np.searchsorted(rows[:, 0], t_start))
-    if k < len(rows) and rows[k, 0] == t_start:
-        return float(rows[k, 1]), float(rows[k, 2])
+    starts = parts.rows.t_start
+    k = int(np.searchsorted(starts, t_start))
+    if k < len(starts) and starts[k] == t_start:
+        return Parts(float(parts.rows.samples_s[k]), float(parts.rows.collate_s[k]), float(parts.rows.sample_max_s[k]))
     return None
 
 
@@ -156,15 +173,15 @@ def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchA
         steps = it.steps
         first_epoch = np.asarray(steps.t_request) < (it.epoch_starts[0] if it.epoch_starts else math.inf)
         idx = np.asarray(steps.index).astype(int)
-        # Each step's batch: its worker's row (t_start, t_end, ...) or None.
-        def row(i: int):
+        # Each step's batch: when its worker made it, or None.
+        def row(i: int) -> Made | None:
             w, k = i % n, i // n
             rows = workers[w][0]
             return rows[k] if k < len(rows) else None
         made = {int(i): row(int(i)) for i in idx[first_epoch]}
         ok = [i for i, r in made.items() if r is not None]
         # The match holds when batches are delivered after their worker finished them.
-        late = [i for i in ok if made[i][1] > steps.t_deliver[np.searchsorted(idx, i)] + th.MATCH_SLACK_S]
+        late = [i for i in ok if made[i].end > steps.t_deliver[np.searchsorted(idx, i)] + th.MATCH_SLACK_S]
         if not ok or len(late) > th.MATCH_MAX_LATE_SHARE * len(ok):
             continue
         for pos in np.flatnonzero(first_epoch):
@@ -177,7 +194,7 @@ def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchA
             if r is None:
                 continue
             matched += 1
-            start, end = float(r[0]), float(r[1])
+            start, end = r.start, r.end
             wait = t_del - t_req
             waits["wait"] += wait
             in_worker = _overlap(t_req, t_del, -math.inf, end)
@@ -188,16 +205,14 @@ def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchA
             if parts is not None and made_s > 0:
                 # the part of the wait while this batch itself was made, split by its parts
                 own = _overlap(t_req, t_del, start, end)
-                waits["samples"] += own * min(parts[0] / made_s, 1.0)
-                waits["collate"] += own * min(parts[1] / made_s, 1.0 - min(parts[0] / made_s, 1.0))
-            later = [made[j][1] for j in range(i + 1, i + ahead) if made.get(j) is not None]
+                waits["samples"] += own * min(parts.samples_s / made_s, 1.0)
+                waits["collate"] += own * min(parts.collate_s / made_s, 1.0 - min(parts.samples_s / made_s, 1.0))
+            later = [made[j].end for j in range(i + 1, i + ahead) if made.get(j) is not None]
             ready = min(later, default=math.inf)
             if ready < end:
                 waits["in_order"] += _overlap(t_req, t_del, ready, end)
-            if bar is not None and parts is not None:
-                slow_here = _batch_max(workers[i % n][1], start)
-                if slow_here is not None and slow_here >= bar:
-                    slow_wait += wait
+            if bar is not None and parts is not None and parts.sample_max_s >= bar:
+                slow_wait += wait
     out.steps_matched, out.steps_in_window = matched, in_window
     if not matched:
         return
@@ -211,14 +226,6 @@ def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchA
     out.slow_wait_share = slow_wait / wall if bar is not None else None
 
 
-def _batch_max(parts: Any, t_start: float) -> float | None:
-    if parts is None:
-        return None
-    rows = np.asarray(parts.rows)
-    k = int(np.searchsorted(rows[:, 0], t_start))
-    return float(rows[k, 3]) if k < len(rows) and rows[k, 0] == t_start else None
-
-
 def _samples(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchAnalysis) -> None:
     """The samples' tail, from the training loader's workers' batch parts inside the window."""
     pids = {p for it in its for p in it.worker_pids}
@@ -227,24 +234,23 @@ def _samples(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: Batc
         parts = record.batch_parts.get(pid)
         if parts is None or not len(parts.rows):
             continue
-        r = np.asarray(parts.rows)
-        keep = (r[:, 0] >= m.window_start_t) & (r[:, 0] <= m.window_end_t)
-        rows.append(r[keep])
+        r = parts.rows
+        rows.append(r[(r.t_start >= m.window_start_t) & (r.t_start <= m.window_end_t)])
         slow += [(t, i, s) for t, i, s in parts.slow if m.window_start_t <= t <= m.window_end_t]
     if not rows:
         return
-    table = np.concatenate(rows)
-    table = table[np.isfinite(table[:, 4])]
+    table = PartRows.concat(rows)
+    table = PartRows.of(table[np.isfinite(table.sample_p50_s)])
     if not len(table):
         return
-    out.batches, out.samples = len(table), int(np.nansum(table[:, 5]))
-    out.sample_p50_s = float(np.median(table[:, 4]))
+    out.batches, out.samples = len(table), int(np.nansum(table.samples))
+    out.sample_p50_s = float(np.median(table.sample_p50_s))
     bar = max(th.SLOW_SAMPLE_FACTOR * out.sample_p50_s, th.SLOW_SAMPLE_MIN_S)
     out.slow_bar_s = bar
     named = _slowest_group(sorted(((i, s) for _t, i, s in slow if s >= bar), key=lambda x: -x[1]))
     bar = out.slow_bar_s = min((s for _i, s in named), default=bar)
     out.slow = named
-    out.slow_batch_share = float(np.mean(table[:, 3] >= bar))
+    out.slow_batch_share = float(np.mean(table.sample_max_s >= bar))
     out.slow_excess_s = float(sum(s - out.sample_p50_s for _i, s in named))
     # p99 of the samples: the k-th slowest, when the named tail (every sample above the bar) reaches it
     k = max(1, math.ceil(0.01 * out.samples))

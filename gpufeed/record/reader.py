@@ -1,7 +1,7 @@
 """Load a run directory into typed, array-backed objects for the analysis.
 
 (Longer than 450 lines because it reads every event kind of the record in one pass over its files,
-a few lines each; the rows' typed views are in ``rows.py`` and ``batch_rows.py``.)
+a few lines each; the rows' typed views are in ``rows.py``.)
 
 A run that crashed or was killed leaves torn last lines and no end in ``meta.json``: they are
 read as far as they go, and each gap becomes a warning rather than an error. Every line is checked
@@ -22,8 +22,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import pools, schema, validate
-from gpufeed.record.batch_rows import BatchParts, PartRows
-from gpufeed.record.rows import CudaRows, FetchRows, H2dRows, LoopRows, OtherRow, ProcRow, StepRows
+from gpufeed.record.rows import (BatchParts, CudaRows, FetchRows, H2dRows, LoopRows, OtherRow, PartRows, ProcRow,
+                                 SlowSample, StepRows)
 
 
 class RecordError(Exception):
@@ -348,16 +348,22 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 prof["samples"] += ev.get("samples") or 0
                 prof["outside_s"] += ev.get("outside_s") or 0.0
                 for row in ev.get("stacks") or []:
-                    if isinstance(row, list) and len(row) == 5 and all(isinstance(v, (int, float)) for v in row[3:]):
-                        cell = prof["stacks"].setdefault((str(row[0]), str(row[1]), row[2]), [0.0, 0])
-                        cell[0] += row[3]
-                        cell[1] += row[4]
+                    if not (isinstance(row, list) and len(row) == len(schema.PROFILE_STACK_COLUMNS)):
+                        continue
+                    stack = dict(zip(schema.PROFILE_STACK_COLUMNS, row))
+                    if isinstance(stack["cpu_s"], (int, float)) and isinstance(stack["samples"], (int, float)):
+                        cell = prof["stacks"].setdefault((str(stack["site"]), str(stack["function"]), stack["call"]),
+                                                         [0.0, 0])
+                        cell[0] += stack["cpu_s"]
+                        cell[1] += stack["samples"]
             elif kind == "batch_parts":
                 rows, slow = part_rows.setdefault(pid, ([], []))
                 rows.extend(ev["rows"])
-                slow.extend((r[0], r[1] if isinstance(r[1], int) else None, r[2]) for r in ev.get("slow") or []
-                            if isinstance(r, list) and len(r) == 3 and isinstance(r[0], (int, float))
-                            and isinstance(r[2], (int, float)))
+                for r in ev.get("slow") or []:
+                    if isinstance(r, list) and len(r) == len(schema.SLOW_COLUMNS):
+                        s = SlowSample._make(r)
+                        if isinstance(s.t_start, (int, float)) and isinstance(s.seconds, (int, float)):
+                            slow.append(s._replace(index=s.index if isinstance(s.index, int) else None))
             elif kind == "samples_unknown":
                 unknown.setdefault(key, ev.get("reason"))
             elif kind == "warning":

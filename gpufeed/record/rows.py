@@ -11,6 +11,7 @@ The sampler's rows, whose cells are not all numbers, are named tuples instead, o
 from __future__ import annotations
 
 from collections import namedtuple
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence, TypeVar
 
 import numpy as np
@@ -166,3 +167,29 @@ class OtherRow(namedtuple("OtherRow", schema.OTHER_COLUMNS)):
     def of(cls, row: Sequence[Any]) -> "OtherRow":
         cells = dict(zip(cls._fields, row))
         return cls(pid=int(cells["pid"]), name=str(cells["name"]), cores=float(cells["cores"]))
+
+
+class PartRows(Rows):
+    """``batch_parts`` rows: a map-style worker's batch, its samples' and collate's time
+    (``schema.PART_COLUMNS``); ``t_start`` is the batch's fetch row's."""
+
+    COLUMNS = schema.PART_COLUMNS
+    TIMES = ("t_start",)
+    t_start = column("t_start")
+    samples_s = column("samples_s")
+    collate_s = column("collate_s")
+    sample_max_s = column("sample_max_s")
+    sample_p50_s = column("sample_p50_s")
+    samples = column("samples")
+
+
+SlowSample = namedtuple("SlowSample", schema.SLOW_COLUMNS)  # a slow sample named in its batch's part row
+
+
+@dataclass
+class BatchParts:
+    """One worker's batch parts, and the slow samples named in them."""
+
+    pid: int
+    rows: PartRows
+    slow: list[SlowSample] = field(default_factory=list)

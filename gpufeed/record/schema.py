@@ -119,6 +119,8 @@ FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 # ``batch_parts`` rows: a map-style worker's batch (its ``fetches`` row has the same t_start): the time in
 # its dataset[i] calls, in collate_fn, its slowest and its median sample, and its samples.
 PART_COLUMNS = ("t_start", "samples_s", "collate_s", "sample_max_s", "sample_p50_s", "samples")
+SLOW_COLUMNS = ("t_start", "index", "seconds")  # a batch_parts event's ``slow`` rows
+PROFILE_STACK_COLUMNS = ("site", "function", "call", "cpu_s", "samples")  # a profile event's ``stacks`` rows
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s", "non_blocking", "on_step_stream", "api")
 # ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's
