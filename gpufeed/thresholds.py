@@ -327,6 +327,14 @@ WHATIF_READY_WAIT_S = WHATIF_RECEIVE_MAX_S
 # ... and where fewer were ready, the steps after the run's shortest waits (this lowest share of them):
 # the storage record above had 2 ready steps in 174.
 WHATIF_READY_QUANTILE = 25
+# The GPU's own step on a GPU run (CUDA events): the host's period per step less the GPU's idle in its
+# next() is the GPU's step on the mean only, since the host runs ahead of the device (CUDA's launch queue,
+# bounded by the caching allocator and by the loop's own waits such as loss.item()) and then waits for
+# it all at once: a loop that queues 7 steps in 2 ms each and waits 130 ms on the 8th has per-step
+# quartiles of 2 ms for a 20 ms GPU step. The range takes the quartiles of the means of this many
+# consecutive steps: twice such an 8-step cycle. A loop that runs further ahead than that widens the
+# range (its blocks differ more); the mean, which gives the prediction, is the steps' own either way.
+WHATIF_GPU_STEP_BLOCK = 16
 # Other programs' CPU (host busy minus the command's tree) is taken off the cores, up to this share of
 # them: the sampler's two readings are taken at slightly different moments and can overstate it.
 WHATIF_MAX_OTHER_SHARE = 0.75

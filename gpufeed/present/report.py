@@ -203,6 +203,19 @@ def _values(a: np.ndarray, digits: int = 2) -> list[float | None]:
     return [None if not math.isfinite(v) else round(float(v), digits) for v in a]
 
 
+# GPM's metrics beside utilisation (issue 34.6): the chart's series name and the record's series.
+GPM_SERIES = (("SM active", "sm_active_pct"), ("SM occupancy", "sm_occupancy_pct"),
+              ("tensor active", "tensor_active_pct"))
+
+
+def _gpm(s: Any, index: int, g: dict[str, np.ndarray], idx: slice) -> dict[str, Any]:
+    """One GPU's GPM series for the utilisation chart (null: N/A, a gap), and ``gpm_na``: why they are
+    N/A where the GPU has no reading at all (the sampler's reason, else "not recorded"), never a flat 0."""
+    series = {key: _values(g[key][idx], 1) for _, key in GPM_SERIES}
+    read = any(v is not None for values in series.values() for v in values)
+    return {"gpm": series, "gpm_na": None if read else (s.gpm_na.get(index) or "not recorded")}
+
+
 def _stride(n: int) -> int:
     return max(1, math.ceil(n / MAX_POINTS))
 
@@ -234,7 +247,8 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
         "mem_used_gib": _values(s.mem_used_b[idx] / GIB, 3),
         "mem_total_gib": None if not math.isfinite(s.mem_total_b) else round(s.mem_total_b / GIB, 2),
         "gpus": [{"index": i, "util": _values(g["util_pct"][idx], 1),
-                  "mem_gib": _values(g["mem_used_b"][idx] / GIB, 3)} for i, g in sorted(s.gpus.items())],
+                  "mem_gib": _values(g["mem_used_b"][idx] / GIB, 3), **_gpm(s, i, g, idx)}
+                 for i, g in sorted(s.gpus.items())],
         "gpu_missing": None if s.gpus else (d.gpu_unavailable_reason or "no GPU readings in this run"),
     }
 

@@ -3,7 +3,9 @@
 One track per process: the training process shows each step with its data wait nested inside,
 and each DataLoader iterator's start-up as an async slice beside them; each worker shows the
 batches it made. Counters: host CPU (total, per core), iowait and memory on a "host" track; GPU
-utilization and memory on one track per GPU; each process's own CPU on its track. An autotuned run
+utilization and memory on one track per GPU, and beside utilization GPM's SM activity, SM occupancy and
+tensor-pipe activity (Hopper and newer; where a GPU has none, an instant event at its first reading says
+why, and no counter: N/A is never drawn as 0); each process's own CPU on its track. An autotuned run
 (``--autotune``) shows its settings as a counter on the training process's track, stepping at each
 switch, with an instant event per switch and where it settled.
 
@@ -31,6 +33,10 @@ GPU_PID_BASE = 2**22 + 100
 GIB = 2.0**30
 
 Event = dict[str, Any]
+# GPM's metrics, each its own counter beside "utilization %" (one counter per metric: chrome://tracing
+# stacks the values of one counter, and percentages of different things must not add up).
+GPM_COUNTERS = (("SM active %", "sm_active_pct"), ("SM occupancy %", "sm_occupancy_pct"),
+                ("tensor active %", "tensor_active_pct"))
 
 
 def write_trace(run_dir: Path, out: Path) -> Path:
@@ -56,6 +62,7 @@ def trace(record: RunRecord) -> dict[str, Any]:
     events += _loop(record, us)
     events += _workers(record, us)
     events += _counters(record, us)
+    events += _gpm_na(record, us)
     events += _autotune(record, us)
     meta = record.meta
     return {"traceEvents": events, "displayTimeUnit": "ms",
@@ -145,6 +152,18 @@ def _autotune(record: RunRecord, us: Any) -> Iterator[Event]:
                    "pid": tl.pid, "tid": tl.pid, "ts": us(ev["t"]), "args": ev.get("settings") or {}}
 
 
+def _gpm_na(record: RunRecord, us: Any) -> Iterator[Event]:
+    """On each GPU's track whose GPM metrics were never read: an instant event at its first reading that
+    says why (the sampler's reason: not supported, not permitted; else "not recorded")."""
+    s = record.samples
+    for index, g in sorted(s.gpus.items()):
+        if len(s) and not any(np.isfinite(g[key]).any() for _, key in GPM_COUNTERS):
+            why = s.gpm_na.get(index) or "not recorded"
+            yield {"ph": "i", "s": "p", "cat": "gpm", "name": f"SM activity, SM occupancy, tensor activity N/A: {why}",
+                   "pid": GPU_PID_BASE + index, "tid": GPU_PID_BASE + index, "ts": us(float(s.t[0])),
+                   "args": {"gpm_na": why}}
+
+
 def _counter(pid: int, name: str, ts: float, values: dict[str, float]) -> Event | None:
     kept = {k: round(float(v), 3) for k, v in values.items() if v is not None and math.isfinite(v)}
     return {"ph": "C", "name": name, "pid": pid, "tid": pid, "ts": ts, "args": kept} if kept else None
@@ -163,6 +182,7 @@ def _counters(record: RunRecord, us: Any) -> Iterator[Event]:
         ]
         for index, g in s.gpus.items():
             candidates.append(_counter(GPU_PID_BASE + index, "utilization %", ts, {"util": g["util_pct"][i]}))
+            candidates += [_counter(GPU_PID_BASE + index, name, ts, {"value": g[key][i]}) for name, key in GPM_COUNTERS]
             candidates.append(_counter(GPU_PID_BASE + index, "memory GiB", ts, {"used": g["mem_used_b"][i] / GIB}))
         for row in s.procs[i]:
             candidates.append(_counter(row.pid, "CPU % of one core", ts, {"cpu": row.cpu_pct}))

@@ -2,8 +2,9 @@
 
 Every refresh reads the host and the GPUs with the reader the outside sampler records with
 (``HostReader.read``: /proc and the NVML gateway), keeps a short history per GPU so the sawtooth
-shows as a sparkline, and, when a ``gpufeed diagnose`` run is going, reads its run record for the
-job's recent samples/s, data-wait share, worker states and current findings (and, under
+shows as a sparkline (GPM's SM activity, occupancy and tensor activity beside utilisation where the
+GPU has them, N/A with the reason where not), and, when a ``gpufeed diagnose`` run is going, reads its
+run record for the job's recent samples/s, data-wait share, worker states and current findings (and, under
 ``--autotune``, the settings in force and the last decision). The run is read
 (and analysed) every ``RUN_REFRESH_S`` at most, and less often when that gets slow: a long run's
 record takes longer to read than a refresh.
@@ -52,6 +53,10 @@ RECENT_S = 10.0             # "recent" samples/s and data wait: over this many s
 ALIVE_S = 30.0              # a run whose samples.jsonl is older than this is not running
 COMPACT_COLS, COMPACT_ROWS = 80, 24
 SPARK = "▁▂▃▄▅▆▇█"
+# GPM's metrics beside utilisation (issue 34.6), from the same reading; their three columns take this
+# many of the sparklines' columns ("SM active", "occupancy", "tensor" and the padding between).
+GPM_KEYS = ("sm_active_pct", "sm_occupancy_pct", "tensor_active_pct")
+GPM_COLS = 28
 
 
 def sparkline(values: "deque[float | None]", top: float, width: int) -> str:
@@ -200,17 +205,23 @@ class Dashboard:
         if not self.line.get("gpus"):
             return Text(f"GPU  {NA}: {self.gpu_error}", style="yellow")
         table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold")
-        half = max(8, spark_w // 2)
-        for col in ("GPU", "util", f"last {half} readings", "memory", f"last {half} readings"):
+        half = max(8, (spark_w - GPM_COLS) // 2)
+        for col in ("GPU", "util", f"last {half} readings", "SM active", "occupancy", "tensor", "memory",
+                    f"last {half} readings"):
             table.add_column(col)
+        missing = []
         for g in self.line["gpus"]:
             i = g["index"]
             mem_top = g["mem_total_b"] or max((v for v in self.gpu_mem[i] if v is not None), default=0)
             table.add_row(str(i), fmt(g["util_pct"], ".0f", "%"),
                           Text(sparkline(self.gpu_util[i], 100.0, half), style="green"),
+                          *(fmt(g.get(key), ".0f", "%") for key in GPM_KEYS),
                           f"{human_bytes(g['mem_used_b'])} / {human_bytes(g['mem_total_b'])}",
                           Text(sparkline(self.gpu_mem[i], mem_top, half), style="magenta"))
-        return table
+            if all(g.get(key) is None for key in GPM_KEYS):
+                missing.append(Text(f"GPU {i} SM activity, occupancy, tensor {NA}: {g.get('gpm_na') or 'not read'}",
+                                    style="dim"))
+        return Group(table, *missing) if missing else table
 
     def _host(self, spark_w: int) -> RenderableType:
         line = self.line
@@ -274,7 +285,8 @@ class Dashboard:
         lines = []
         for g in self.line.get("gpus") or []:
             lines.append(f"GPU{g['index']} {fmt(g['util_pct'], '.0f', '%')} {human_bytes(g['mem_used_b'])} "
-                         f"{sparkline(self.gpu_util[g['index']], 100.0, max(4, width - 24))}")
+                         f"SM {fmt(g.get('sm_active_pct'), '.0f', '%')} "
+                         f"{sparkline(self.gpu_util[g['index']], 100.0, max(4, width - 31))}")
         if not self.line.get("gpus"):
             lines.append(f"GPU {NA}: {self.gpu_error}")
         total = self.cpu_total[-1] if self.cpu_total else None

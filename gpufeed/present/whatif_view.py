@@ -34,6 +34,16 @@ def _assumed_line(c: Costs) -> Text | None:
                 f"{th.WHATIF_ASSUMED_LOW:g}-{th.WHATIF_ASSUMED_HIGH:g}x of each)", style="dim")
 
 
+def _gpu_step(c: Costs) -> str:
+    """Which step the loop bound takes on a GPU run: the GPU's own (CUDA events) or, where they did not
+    resolve, the host's in its place (docs/what-if.md, g_gpu)."""
+    if c.gpu_step_s is not None:
+        return f" on the host, {c.gpu_step_s * 1e3:.1f} ms on the GPU (CUDA events; the loop bound takes the longer)"
+    if c.cuda:
+        return " on the host (CUDA events did not resolve: the host's step stands in for the GPU's)"
+    return ""
+
+
 def what_if_block(w: WhatIf | None) -> Group | None:
     if w is None:
         return None
@@ -45,6 +55,7 @@ def what_if_block(w: WhatIf | None) -> Group | None:
                         f"step {c.compute_s * 1e3:.1f} ms"
                         + (f" ({c.loop_step_s * 1e3:.1f} ms after a batch that was ready)"
                            if abs(c.loop_step_s - c.compute_s) >= 0.1 * c.compute_s else "")
+                        + _gpu_step(c)
                         + f"; training process {c.main_cpu_s * 1e3:.1f} ms CPU"
                         + (f", and its {c.step_threads} threads spin {c.spin_s * 1e3:.1f} ms a step while it waits"
                            if c.spin_s >= 5e-5 else "")  # what .1f would print as 0.0: none

@@ -379,3 +379,23 @@ def test_a_run_without_offload_has_no_offload_section(tmp_path, browser):
     session, shown = rendered(browser, write_report(write_run(tmp_path / "run", Scenario()), tmp_path / "r.html"))
     assert not any(i.startswith("run-0-offload") for i in shown["ids"])
     assert browser.evaluate(session, "document.getElementById('run-0-offload-summary')") is None
+
+
+def test_gpm_beside_gpu_utilization_or_na_with_the_reason(tmp_path, browser):
+    """GPU 0 has GPM (Hopper): its SM activity, occupancy and tensor activity are drawn on the
+    utilization chart beside it; GPU 1's record has none (N/A: not recorded), a third run's GPU was not
+    permitted: a note says why, and no line is drawn for them (a flat 0 would read as an idle GPU)."""
+    run = write_run(tmp_path / "run", Scenario(gpu_util_pattern=[50.0, 95.0], sm_active_pattern=[20.0, 60.0],
+                                               other_gpu_utils=[30.0]))
+    session, shown = rendered(browser, write_report(run, tmp_path / "r.html"))
+    series = chart_series(browser, session, "run-0-gpu-util")
+    assert set(series) == {"x", "GPU 0", "GPU 0 SM active", "GPU 0 SM occupancy", "GPU 0 tensor active", "GPU 1"}
+    assert set(series["GPU 0 SM active"]) == {20.0, 60.0} and set(series["GPU 0 SM occupancy"]) == {10.0, 30.0}
+    assert set(series["GPU 0 tensor active"]) == {0.0}
+    assert "GPU 1: SM activity, SM occupancy and tensor activity N/A: not recorded" in shown["text"]
+    assert "GPU 0: SM activity" not in shown["text"]
+
+    denied = write_run(tmp_path / "denied", Scenario(gpu_util_pattern=[50.0, 95.0], gpm_na="not permitted"))
+    session, shown = rendered(browser, write_report(denied, tmp_path / "d.html"))
+    assert set(chart_series(browser, session, "run-0-gpu-util")) == {"x", "GPU 0"}
+    assert "GPU 0: SM activity, SM occupancy and tensor activity N/A: not permitted" in shown["text"]

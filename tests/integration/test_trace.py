@@ -166,3 +166,31 @@ def assert_settings_traced(run: Path, path: Path) -> None:
     assert [e["ts"] for e in said] == [e["ts"] for e in counter[1:]], "each switch where its counter steps"
     settled = [e for e in autotune if e["action"] == "settled"]
     assert len([e for e in instants if e["name"].startswith("autotune: settled on")]) == len(settled)
+
+
+def test_gpm_counters_beside_utilization_or_na_with_the_reason(tmp_path):
+    """GPM's SM activity, occupancy and tensor activity: a counter each on the GPU's track (not one
+    counter, which chrome://tracing would stack); a reading N/A is left out, not 0; a GPU without any
+    says why in an instant event, and has no GPM counter."""
+    run = write_run(tmp_path / "run", Scenario(gpu_util_pattern=[50.0, 95.0], sm_active_pattern=[20.0, 60.0]))
+    lines = (run / "samples.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    first["gpus"][0].update(sm_active_pct=None, sm_occupancy_pct=None, tensor_active_pct=None,
+                            gpm_na="first sample (a GPM reading needs two)")
+    (run / "samples.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    events = validate(write_trace(run, tmp_path / "t.json"))
+
+    def values(name: str) -> list[float]:
+        return [e["args"]["value"] for e in events if e["ph"] == "C" and e["pid"] == GPU_PID_BASE and e["name"] == name]
+    assert set(values("SM active %")) == {20.0, 60.0}
+    assert set(values("SM occupancy %")) == {10.0, 30.0}
+    assert set(values("tensor active %")) == {0.0}, "a tensor pipe read idle is 0: read, not N/A"
+    util = [e for e in events if e["ph"] == "C" and e["pid"] == GPU_PID_BASE and e["name"] == "utilization %"]
+    assert len(values("SM active %")) == len(util) - 1, "the first reading, N/A, is left out"
+    assert not any(e["ph"] == "i" and e.get("cat") == "gpm" for e in events)
+
+    older = write_run(tmp_path / "older", Scenario(gpu_util_pattern=[50.0], gpm_na="not permitted"))
+    events = validate(write_trace(older, tmp_path / "o.json"))
+    assert not [e for e in events if e["ph"] == "C" and e["pid"] == GPU_PID_BASE and "active" in e["name"]]
+    (na,) = [e for e in events if e["ph"] == "i" and e.get("cat") == "gpm"]
+    assert na["pid"] == GPU_PID_BASE and na["name"].endswith("N/A: not permitted") and na["args"]["gpm_na"] == "not permitted"

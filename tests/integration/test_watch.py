@@ -217,7 +217,8 @@ def test_gpus_through_a_fake_nvml(tmp_path):
     for t in range(5):
         board.tick(float(t))
     text = screen(board)
-    assert re.search(r"0 +87% +▇▇▇▇▇ +1\.0 GiB / 80\.0 GiB", text), text
+    assert re.search(r"0 +87% +▇▇▇▇▇ +N/A +N/A +N/A +1\.0 GiB / 80\.0 GiB", text), text
+    assert "GPU 0 SM activity, occupancy, tensor N/A: not in these NVML bindings" in text, text
     assert re.search(r"1 +5% +▁▁▁▁▁", text), text
     assert re.search(r"GPU processes.*\n.*\n +0 +100 +\S+ +2\.0 GiB", text), text
     reader.nvml = Nvml(module=fake_nvml(util_fails=True))
@@ -241,3 +242,41 @@ def test_an_offloaded_run_shows_its_ray_line(tmux):
     assert not re.search(r"^ +workers ", tmux.screen(), re.M), "no local workers to show"
     tmux.run("send-keys", "-t", "w", "q")
     assert tmux.exit_code() == 0
+
+
+def test_gpm_beside_utilisation_or_na_with_its_reason():
+    """A Hopper GPU's SM activity, occupancy and tensor activity (GPM, from two samples) beside its
+    utilisation; an older GPU and one where GPM is not permitted: N/A and why, never 0. The first
+    reading has no GPM yet (it needs two samples): N/A, and the reason says so."""
+    from rich.console import Console
+
+    from gpufeed.measure.outside.host import HostReader
+    from gpufeed.present.watch import Dashboard
+    from tests.fake_nvml import FakeGpu, FakeNvml
+
+    def screen(board: Dashboard, width: int = 120, height: int = 40) -> str:
+        console = Console(record=True, width=200, file=io.StringIO())
+        console.print(board.render(width, height, 1.0))
+        return console.export_text()
+
+    fake = FakeNvml([FakeGpu(utils=[90.0], sm_active=[30.0, 70.0]),
+                     FakeGpu(name="NVIDIA A10", uuid="GPU-bbbb", utils=[60.0], gpm="unsupported"),
+                     FakeGpu(uuid="GPU-cccc", utils=[20.0], gpm="not_permitted")])
+    reader = HostReader(root_pid=os.getpid(), nvml=Nvml(module=fake))
+    board = Dashboard(reader, None, discover=False)
+    board.tick(0.0)
+    assert "GPU 0 SM activity, occupancy, tensor N/A: first sample (a GPM reading needs two)" in screen(board)
+    board.tick(1.0)
+    text = screen(board)
+    # The fake's occupancy is half the SM activity, its tensor activity a quarter (tests/fake_nvml.py).
+    assert re.search(r"^ 0 +90% +\S+ +30% +15% +8% +\d", text, re.M), text
+    assert re.search(r"^ 1 +60% +\S+ +N/A +N/A +N/A +\d", text, re.M), text
+    assert "GPU 1 SM activity, occupancy, tensor N/A: not supported (GPM needs a Hopper or newer GPU)" in text
+    assert "GPU 2 SM activity, occupancy, tensor N/A: not permitted" in text
+    assert "GPU 0 SM activity" not in text, "a GPU that has them says no N/A"
+    board.tick(2.0)
+    assert re.search(r"^ 0 +90% +\S+ +70% +35% +18% +\d", screen(board), re.M), "each reading its own interval's"
+    compact = screen(board, 36, 8).splitlines()
+    assert compact[0].startswith("GPU0 90% ") and " SM 70% " in compact[0], compact
+    assert " SM N/A " in compact[1], compact
+    reader.close()

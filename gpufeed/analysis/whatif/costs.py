@@ -89,6 +89,8 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     # The loop's own step when its batches are ready. Not on a GPU run (its host runs ahead of the device
     # for a few steps) nor without workers (every batch is made in next(): none is ever ready).
     ready = _ready_steps(compute, waited) if workers and not m.cuda_used else None
+    # On a GPU: the GPU's own step where the CUDA events resolved (the host's only queues its work).
+    gpu = _gpu_steps(its, spans, pauses) if m.cuda_used else None
 
     main = main_cpu_per_step(record, training.pid, spans, in_window, workers, restarts(its))
     if main is None:
@@ -136,7 +138,8 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
                      worker_cpu_s=None if in_worker is None else _q(in_worker, q),
                      worker_threads=_worker_threads(record, training.worker_pids), ranks=max(len(m.ranks), 1),
-                     ready_compute_s=None if ready is None else _q(ready, q), assumed=assumed)
+                     ready_compute_s=None if ready is None else _q(ready, q),
+                     gpu_step_s=None if gpu is None else _q(gpu, q), assumed=assumed)
     return Spread(p25=_alone(costs(25)), p50=_alone(costs(None)), p75=_alone(costs(75)))
 
 
@@ -224,6 +227,39 @@ def _compute_times(its: list, spans: np.ndarray, pauses: np.ndarray) -> tuple[np
         out.append(own[inside])
         waits.append((s.t_deliver - s.t_request)[:-1][inside])
     return (np.concatenate(out), np.concatenate(waits)) if out else (np.empty(0), np.empty(0))
+
+
+def _gpu_steps(its: list, spans: np.ndarray, pauses: np.ndarray) -> np.ndarray | None:
+    """The GPU's own step per batch, from the CUDA events (``cuda`` rows: the GPU's idle time between the
+    events recorded at each next()'s request and delivery, on the step's stream): each step's period on
+    the host (request to the next request of the same iterator, less the evaluation passes in it) less
+    the GPU's idle time in its next(). Over a run the host and the GPU go through the same steps, so
+    their periods agree on the mean, and what the GPU did not idle is its step: the host's step (delivery
+    to the next request) where the loop waits for the GPU in its step (then the GPU idles through the
+    wait), longer where the host only queues the work and the GPU keeps at it during the next next().
+    Per step the host's period is not the GPU's (the host runs ahead a few steps and then waits for the
+    device all at once), so the spread is that of the means of ``WHATIF_GPU_STEP_BLOCK`` consecutive steps.
+    None where fewer than ``WHATIF_MIN_STEPS`` steps' events resolved (the GPU never reached them, or
+    CUDA refused an event): the host's step stands in."""
+    blocks, resolved = [], 0
+    for it in its:
+        s, cuda = it.steps, it.cuda
+        if len(s) < 2 or not len(cuda):
+            continue
+        idle = dict(zip(cuda.index.astype(int).tolist(), cuda.gpu_idle_s.tolist()))
+        start, end = s.t_request[:-1], s.t_request[1:]
+        period = end - start - overlap(start, end, pauses)
+        gpu_idle = np.array([idle.get(int(i), np.nan) for i in s.index[:-1]], dtype=float)
+        step = period - gpu_idle
+        step = step[within(start, spans) & np.isfinite(step)]
+        resolved += len(step)
+        for k in range(0, len(step), th.WHATIF_GPU_STEP_BLOCK):
+            chunk = step[k:k + th.WHATIF_GPU_STEP_BLOCK]
+            blocks.append((float(chunk.mean()), len(chunk)))
+    if resolved < th.WHATIF_MIN_STEPS:
+        return None
+    # Each block's mean, repeated by its steps: the mean is the steps' own, the quartiles the blocks'.
+    return np.repeat([b for b, _ in blocks], [n for _, n in blocks])
 
 
 def _ready_steps(compute: np.ndarray, waited: np.ndarray) -> np.ndarray | None:

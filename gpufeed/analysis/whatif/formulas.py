@@ -4,12 +4,13 @@ the per-batch costs, and the searches and answers built on it (the best setting,
 Batches per second with ``w`` workers on ``C`` cores, in steady state, is the smallest of three
 named bounds (``LIMIT_*``):
 
-    loop     1 / (g₀ + r)             the step itself: the ceiling, data always ready
+    loop     1 / max(g₀ + r, g_gpu)   the step itself: the ceiling, data always ready (g_gpu: the
+                                      GPU's own step, from CUDA events, where they resolved)
     workers  w / (c + h + s)          each worker makes one batch at a time (h: pickling it, the queues)
     cores    (C - o) / (c + h + m)    every batch's CPU, the workers' and the training process's, on
                                       the cores other programs (o, measured) left free
 
-and with no workers (the batch made inside next()): min(1 / (c + s + g), (C - o) / (c + m)). Each epoch
+and with no workers (the batch made inside next()): min(1 / max(c + s + g, g_gpu), (C - o) / (c + m)). Each epoch
 adds its start-up (non-persistent workers: start-up again; persistent: the first batch's latency),
 amortised over the batches of an epoch. ``prefetch_factor`` only smooths bursts: it does not move the
 prediction. Each setting is predicted with the workers' torch threads as the run had them: a thread
@@ -31,7 +32,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
     """Steady-state batches per second and the bound that binds."""
     free = free_cores(c, c.cores if cores is None else cores)
     if workers == 0:  # one process makes the batch, then steps: serial, and it needs the CPU of both
-        bounds = {LIMIT_LOOP: 1.0 / max(c.cpu_s - c.cpu_beside_s + c.sleep_s + c.compute_s, 1e-9),
+        bounds = {LIMIT_LOOP: 1.0 / loop_period(c, c.cpu_s - c.cpu_beside_s + c.sleep_s + c.compute_s),
                   LIMIT_CORES: free / max(c.cpu_s + c.main_cpu_s, 1e-9)}
         limit = min(bounds, key=bounds.get)
         return bounds[limit], limit
@@ -46,7 +47,7 @@ def batches_per_s(c: Costs, workers: int, cores: float | None = None) -> tuple[f
         del bounds[LIMIT_WORKERS]
     stall, spin = preempted_step(c, workers, free, 1.0 / min(bounds.values()))
     if stall:
-        bounds[LIMIT_LOOP] = 1.0 / max(c.loop_step_s + stall + c.receive_s, 1e-9)
+        bounds[LIMIT_LOOP] = 1.0 / loop_period(c, c.loop_step_s + stall + c.receive_s)
         bounds[LIMIT_CORES] = _cores_bound(c, workers, free, spin)
     limit = min(bounds, key=bounds.get)
     return bounds[limit], limit
@@ -63,9 +64,18 @@ def fed_workers(c: Costs, workers: int) -> int:
     return min(workers, max(1, math.ceil(c.batches_per_epoch - 1e-9)))
 
 
+def loop_period(c: Costs, host_s: float) -> float:
+    """The loop's period per batch: the host's (``host_s``: next() and the step as the host runs them)
+    or, on a GPU run whose CUDA events resolved, the GPU's own step where that is longer. The host only
+    queues the GPU's work, which goes on during the next next() (an asynchronous loop), so the two run
+    side by side and the slower one sets the pace; a loop that waits for the GPU in its step has both
+    about equal (its host step holds the GPU's time)."""
+    return max(host_s, c.gpu_step_s or 0.0, 1e-9)
+
+
 def worker_bounds(c: Costs, workers: int, free: float) -> dict[str, float]:
     return {
-        LIMIT_LOOP: 1.0 / max(c.loop_step_s + c.receive_s, 1e-9),
+        LIMIT_LOOP: 1.0 / loop_period(c, c.loop_step_s + c.receive_s),
         LIMIT_WORKERS: workers / max(c.cpu_s + c.handoff_s + c.sleep_s, 1e-9),
         LIMIT_CORES: _cores_bound(c, workers, free),
     }
@@ -239,13 +249,13 @@ def best_of(costs: Costs, *, max_workers: int | None = None) -> Prediction:
 def ceiling(c: Costs, gpu_speedup: float = 1.0) -> float:
     """Samples/s with the data always ready: the step alone."""
     c = c.scaled(gpu_speedup)
-    return c.ranks * c.samples_per_batch / max(c.loop_step_s + c.receive_s, 1e-9)
+    return c.ranks * c.samples_per_batch / loop_period(c, c.loop_step_s + c.receive_s)
 
 
 def workers_and_cores_for_ceiling(c: Costs, gpu_speedup: float = 1.0) -> tuple[int, int]:
     """Fewest workers (per rank), and cores (for every rank), whose bounds reach the ceiling (each batch
     one worker for c + s; every batch's CPU, the workers' and the training process's, on the cores)."""
     c = _in_workers(c.scaled(gpu_speedup))
-    rate = 1.0 / max(c.loop_step_s + c.receive_s, 1e-9)
+    rate = 1.0 / loop_period(c, c.loop_step_s + c.receive_s)
     return (max(1, math.ceil(rate * (c.cpu_s + c.handoff_s + c.sleep_s) - 1e-9)),
             max(1, math.ceil(c.ranks * rate * (c.cpu_s + c.handoff_s + c.main_cpu_s) - 1e-9)))

@@ -71,10 +71,22 @@ class Costs:
     # of its epochs, a lower bound, and says nothing of how many workers an epoch can keep busy
     # (``formulas.fed_workers``).
     whole_epochs: bool = False
+    # g_gpu: the GPU's own step per batch, from the CUDA events where they resolved (``costs._gpu_steps``):
+    # each step's period on the host less the GPU's idle time in its next(). In an asynchronous loop the
+    # host's step (``compute_s``) only queues the work, and the GPU keeps at it during the next next():
+    # the loop then goes no faster than this (``formulas.loop_period``). None: a CPU-only run, or CUDA
+    # events that did not resolve (too few steps reached), where the host's step stands in.
+    gpu_step_s: float | None = None
     # The fields above that this run did not measure: a documented default stands in (h, k, z from a
     # 2-core bench; W and r as 0; S as 0 in a record without the readings). Every prediction's range
     # covers each at WHATIF_ASSUMED_LOW and _HIGH times its value (``formulas.predict``). Empty: all measured.
     assumed: tuple[str, ...] = ()
+
+    @property
+    def step_from(self) -> str:
+        """Which step bounds the loop: "gpu" (the GPU's own, from CUDA events), else "host" (a CPU-only
+        run, or a GPU run whose CUDA events did not resolve: the host's step stands in for the GPU's)."""
+        return "gpu" if self.gpu_step_s is not None else "host"
 
     @property
     def loop_step_s(self) -> float:
@@ -82,13 +94,16 @@ class Costs:
         return self.compute_s if self.ready_compute_s is None else self.ready_compute_s
 
     def scaled(self, gpu_speedup: float) -> "Costs":
-        """A device ``gpu_speedup`` times faster: the step's compute shrinks; on a CPU-only run the
-        step is the training process's CPU, which shrinks with it."""
+        """A device ``gpu_speedup`` times faster: the step's compute shrinks, the GPU's own step
+        (``gpu_step_s``) and the host's (which holds the GPU's time where the loop waits for it); on a
+        CPU-only run the step is the training process's CPU, which shrinks with it."""
         if gpu_speedup == 1.0:
             return self
         main = self.main_cpu_s if self.cuda else max(self.main_cpu_s - self.compute_s * (1 - 1 / gpu_speedup), 0.0)
         ready = None if self.ready_compute_s is None else self.ready_compute_s / gpu_speedup
-        return replace(self, compute_s=self.compute_s / gpu_speedup, main_cpu_s=main, ready_compute_s=ready)
+        gpu = None if self.gpu_step_s is None else self.gpu_step_s / gpu_speedup
+        return replace(self, compute_s=self.compute_s / gpu_speedup, main_cpu_s=main, ready_compute_s=ready,
+                       gpu_step_s=gpu)
 
     def on_faster_cpu(self, cpu_speedup: float) -> "Costs":
         """A host CPU ``cpu_speedup`` times faster: every CPU second shrinks (the workers' and the training
@@ -172,6 +187,9 @@ class WhatIf:
             "step_threads": self.costs.step_threads if self.costs else None,
             "worker_threads": self.costs.worker_threads if self.costs else None,
             "ranks": self.costs.ranks if self.costs else None,
+            # "gpu": the loop's step is the GPU's own (costs_ms.gpu_step_s, from CUDA events); "host": the
+            # host's (a CPU-only run, or CUDA events that did not resolve).
+            "step_from": self.costs.step_from if self.costs else None,
             "costs_ms": {k: json_safe(None if v is None else v * 1000.0) for k, v in asdict(self.costs).items()
                          if k.endswith("_s")} if self.costs else None,
             # The costs_ms keys this run did not measure (a default stands in; the ranges cover it).

@@ -698,3 +698,65 @@ def test_the_terms_a_run_did_not_measure_are_named_in_the_json_and_the_block(tmp
     c = w0.costs
     measured = Spread(*[dataclasses.replace(c, assumed=())] * 3)
     assert predict(Spread(c, c, c), 4, True).low < predict(measured, 4, True).low
+
+
+# An asynchronous GPU loop: the host queues a step's work in 2 ms and then waits 18 ms in next() for two
+# workers' 40 ms batches, while the GPU works through the step for 19 ms of those 20 (1 ms idle a step,
+# CUDA events). Data and GPU are nearly matched: more workers would gain 5%, not ten times.
+ASYNC_GPU = dataclasses.replace(STORAGE, cuda=True, wait_s=0.018, compute_s=0.002, gpu_idle_s=0.001,
+                                fetch_wall_s=0.040, fetch_cpu_s=0.002, worker_cpu_pct=5.5, train_cpu_pct=10)
+
+
+def test_an_asynchronous_gpu_loop_takes_its_ceiling_from_the_gpus_own_step(tmp_path):
+    """The host's step (delivery to the next request) only queues the GPU's work, which goes on during the
+    next next(): the ceiling and the loop bound take the GPU's step from the CUDA events (its period less
+    its idle time), never the host's 2 ms (a ceiling of 32 / 2.5 ms, eight times what the GPU can do)."""
+    w = run(tmp_path, ASYNC_GPU, workers=16)
+    c = w.costs
+    assert c.compute_s == pytest.approx(0.002, rel=0.02)
+    assert c.gpu_step_s == pytest.approx(0.019, rel=0.02) and c.step_from == "gpu"
+    assert w.ceiling_samples_per_s == pytest.approx(32 / 0.019, rel=0.02)
+    sixteen = w.predictions[0]
+    assert sixteen.limit == LIMIT_LOOP and sixteen.samples_per_s == pytest.approx(32 / 0.019, rel=0.03)
+    # The run's own setting: its 2 workers' 40 ms batches against the GPU's 19 ms step.
+    yours = run(tmp_path / "yours", ASYNC_GPU)
+    assert yours.predictions[0].samples_per_s == pytest.approx(yours.measured_samples_per_s, rel=0.05)
+    # A GPU twice as fast halves the GPU's step: the ceiling doubles, and no further.
+    fast = answer_run(tmp_path / "run", workers=16, gpu_speedup=2.0)
+    assert fast.ceiling_samples_per_s == pytest.approx(2 * w.ceiling_samples_per_s, rel=0.02)
+    as_json = fast.to_dict()
+    assert as_json["step_from"] == "gpu" and as_json["costs_ms"]["gpu_step_s"] == pytest.approx(19.0, rel=0.02)
+    assert "step 2.0 ms on the host, 19.0 ms on the GPU (CUDA events" in block_text(tmp_path / "block", ASYNC_GPU)
+
+
+def test_a_gpu_loop_that_waits_for_its_step_keeps_the_hosts_step(tmp_path):
+    """A loop that waits for the GPU in its step (loss.item()): the GPU idles through the whole wait in
+    next(), and its own step is the host's."""
+    synced = dataclasses.replace(STORAGE, cuda=True)  # gpu_idle_s None: idle through the whole wait
+    c = run(tmp_path, synced).costs
+    assert c.gpu_step_s == pytest.approx(c.compute_s, rel=0.02)
+    plain = run(tmp_path / "cpu", STORAGE, workers=16)
+    assert run(tmp_path / "gpu", synced, workers=16).ceiling_samples_per_s == pytest.approx(
+        plain.ceiling_samples_per_s, rel=0.02)
+
+
+def test_without_resolved_cuda_events_the_hosts_step_stands_in_and_says_so(tmp_path):
+    """A GPU run (its copies went to the GPU) whose CUDA events never resolved: the host's step, named."""
+    unresolved = dataclasses.replace(ASYNC_GPU, cuda=False, h2d_host_s=0.0005)
+    w = run(tmp_path, unresolved, workers=16)
+    assert w.costs.cuda and w.costs.gpu_step_s is None and w.to_dict()["step_from"] == "host"
+    assert w.ceiling_samples_per_s > 5 * 32 / 0.019  # what the host's step gives: it cannot know better
+    assert "CUDA events did not resolve: the host's step stands in" in block_text(tmp_path / "block", unresolved)
+    assert "on the GPU" not in block_text(tmp_path / "cpu", STORAGE)
+
+
+def test_the_gpus_step_spread_is_over_blocks_of_steps_not_the_hosts_run_ahead(tmp_path):
+    """The host queues a step in 2.5 ms, then waits 38 ms for the device, turn about; the GPU never idles
+    (a 20.25 ms step). Per step the host's periods read 2.5 ms a quarter of the time: the range of the
+    GPU's step is that of the means of consecutive steps (WHATIF_GPU_STEP_BLOCK), not the host's steps."""
+    ahead = dataclasses.replace(ASYNC_GPU, wait_s=0.0005, cold=(0.036, 0.002), gpu_idle_s=0.0)
+    w = run(tmp_path, ahead, workers=16, persistent=True)
+    assert w.costs.gpu_step_s == pytest.approx(0.02025, rel=0.02)
+    p = w.predictions[0]
+    assert p.limit == LIMIT_LOOP and p.samples_per_s == pytest.approx(32 / 0.02025, rel=0.03)
+    assert p.high <= p.samples_per_s * (1 + w.noise) * 1.02
