@@ -65,6 +65,7 @@ class _Window:
     samples: int = 0
     wait_s: float = 0.0
     startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
+    iter_s: float = 0.0             # iter(loader) starting each epoch's pool (forking its workers): no next() waits it
     worker_cpu0: dict[int, float] = field(default_factory=dict)
     main_cpu0: float | None = None
     host_busy0: float | None = None
@@ -92,6 +93,11 @@ class _Window:
         return (self.t_last is not None and self.batches >= min_batches
                 and self.t_last - self.t0 >= self.period_s)
 
+    def add_iter(self, seconds: float) -> None:
+        """An epoch's pool started inside the window (``iter()``): its time is the input pipeline's."""
+        if self.t0 is not None and self.seen >= self.skip:
+            self.iter_s += seconds
+
     def observe(self, worker_pids: Callable[[], list[int]], t_request: float, t_deliver: float, samples: int,
                 first_of_epoch: bool, cpu_request: float | None) -> None:
         """One batch of this window's pool: the CPU readings start with the first one counted."""
@@ -118,7 +124,8 @@ class _Window:
         return Period(self.settings, self.samples / elapsed, self.wait_s / elapsed, busy, elapsed,
                       self.batches, self.startup_s / elapsed, cores,
                       None if main is None else main / elapsed, host,
-                      None if self.compute_cpu_s is None else self.compute_cpu_s / elapsed)
+                      None if self.compute_cpu_s is None else self.compute_cpu_s / elapsed,
+                      iter_share=self.iter_s / elapsed)
 
 
 class Controller:
@@ -189,6 +196,11 @@ class Controller:
                        period_s=self.period_s)
             self._thread.start()
 
+    def on_iter(self, seconds: float) -> None:
+        window = self._window
+        if window is not None and window.settings == self.loader.settings:
+            window.add_iter(seconds)
+
     def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
                  batch: Any = None, cpu_request: float | None = None) -> LoaderSettings | None:
         if self._batch_bytes is None and batch is not None:
@@ -256,14 +268,14 @@ class Controller:
     def _until_the_loop_waits(self, periods: list["Period"], settings: LoaderSettings) -> bool:
         """Measure quietly until the loop waits for data (False: the loop could not be measured). The
         periods that show it are the search's first runs of ``settings``: fewer at settings to improve."""
-        wait = sum(p.wait_share for p in periods) / len(periods)
+        wait = sum(p.input_share for p in periods) / len(periods)
         if wait >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
             self._ready = {settings: list(periods)}
             return True
-        self.event(HOLD, why=f"the loop waited for data {wait:.1%} of the period "
+        self.event(HOLD, why=f"the input pipeline held the loop {wait:.1%} of the period (waits and start-up) "
                              f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=periods[-1].to_dict())
         period: Period | str = periods[-1]
-        while not isinstance(period, str) and period.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
+        while not isinstance(period, str) and period.input_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
             period = self._measure(settings, "watching: the loop did not wait for data", log=False)
         if isinstance(period, str):
             return False
@@ -301,7 +313,7 @@ class Controller:
             if isinstance(period, str):
                 return None
             clearly_low = (period.samples_per_s < rate * (1 - 2 * noise)
-                           and period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
+                           and period.input_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
             low = low + 1 if clearly_low else 0
             if low >= 2:
                 self.event(DRIFT, why=f"{settings.label()} fell to {period.samples_per_s:,.0f} samples/s from "

@@ -54,13 +54,28 @@ class Period:
     node_cores_used: float | None = None
     node_ranks: int = 1
     per_rank: list[dict[str, Any]] | None = None  # each rank's samples/s and wait share (the record's)
+    # of the wall time, iter(loader) starting each epoch's pool (forking its workers) inside the
+    # period: the input pipeline's cost that no next() waited, as diagnose's startup_in_iter_share
+    iter_share: float = 0.0
+
+    @property
+    def input_share(self) -> float:
+        """The input pipeline's share of the period, as ``diagnose`` counts it
+        (``analysis/rules/facts.input_share``): the waits in next() and the pools' start in iter()."""
+        return self.wait_share + self.iter_share
+
+    @property
+    def restart_share(self) -> float:
+        """Of it, what starting the workers again cost: iter() and each epoch's first batch
+        (``facts.restart_share``; the steps' copy-on-write after a fork is not measured live)."""
+        return self.iter_share + self.startup_share
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "label": self.settings.label(),
                 "samples_per_s": round(self.samples_per_s, 3), "wait_share": round(self.wait_share, 4),
                 "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
-                "startup_share": round(self.startup_share, 4),
+                "startup_share": round(self.startup_share, 4), "iter_share": round(self.iter_share, 4),
                 "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
                 "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
                 "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
@@ -75,7 +90,8 @@ class Period:
         return cls(LoaderSettings.from_dict(data["settings"]), data["samples_per_s"], data["wait_share"],
                    data.get("worker_busy"), data["elapsed_s"], data["batches"], data.get("startup_share", 0.0),
                    data.get("cores_used"), data.get("main_cores"), data.get("host_busy_cores"),
-                   data.get("compute_cores"), data.get("node_cores_used"), data.get("node_ranks", 1))
+                   data.get("compute_cores"), data.get("node_cores_used"), data.get("node_ranks", 1),
+                   iter_share=data.get("iter_share", 0.0))
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None,
               max_workers: int | None = None, ranks: int = 1) -> "LiveFacts":
@@ -83,7 +99,12 @@ class Period:
         what-if model's best setting predicted from this period. ``cpu_count``: the node's cores;
         with ``ranks`` on the node, the search reads this rank's share of them."""
         cuda = _cuda_used()
-        metrics = LiveMetrics(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
+        # The same accounting as diagnose's (analysis/metrics.py, rules/facts.py): the start-up of each
+        # epoch's pool is iter()'s part (startup_in_iter_share, in the input share) and the first
+        # batch's wait (restart_wait_share, in the data wait); worker_startup_share, which the search's
+        # persistent-workers fix reads (tune/causes.py), is both.
+        metrics = LiveMetrics(data_wait_share=self.wait_share, worker_startup_share=self.restart_share,
+                              startup_in_iter_share=self.iter_share, restart_wait_share=self.startup_share,
                               # CPU over wall time per worker: a lower bound of CPU over fetch time
                               worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
                               cpu_count=max(cpu_count // max(ranks, 1), 1), cuda_used=cuda)

@@ -153,6 +153,11 @@ class Coordinator:
             return None
         return self._exchange()
 
+    def on_iter(self, seconds: float) -> None:
+        window = self.window
+        if window is not None and self.off is None and window.settings == self.loader.settings:
+            window.add_iter(seconds)
+
     def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None:
         # ``batch``: how many batches this rank had received when it switched (the same on every rank)
         self.event(SWITCH, old=old.to_dict(), new=new.to_dict(), label=new.label(), where=where, batch=self.n)
