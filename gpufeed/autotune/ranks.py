@@ -43,6 +43,11 @@ from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
 
 
+# The shortest window whose batches/s places the next exchange: shorter ones (a pool handing over
+# the batches it prefetched, all at once) overstate it without bound.
+MIN_RATE_WINDOW_S = 0.02
+
+
 class RanksLost(Exception):
     """The ranks cannot agree any more: every rank goes back to the user's settings."""
 
@@ -259,7 +264,10 @@ class Coordinator:
             if len(periods) == len(reports) and all(p.settings == settings for _, _, p in periods):
                 batches = min(p.batches for _, _, p in periods)
                 elapsed = min(p.elapsed_s for _, _, p in periods)
-                self._batch_rate = batches / max(elapsed, 1e-9)
+                if batches >= 2 and elapsed >= MIN_RATE_WINDOW_S:
+                    # (a window of one or two batches handed over at once says nothing of the rate, and
+                    # would place the next exchange beyond the end of the run)
+                    self._batch_rate = batches / elapsed
                 if batches >= self.min_batches and elapsed >= period_s:
                     period = job_period(periods)
                     period.per_rank = [{"rank": rank, "samples_per_s": round(p.samples_per_s, 3),
@@ -267,6 +275,8 @@ class Coordinator:
                     self._asked = None
                     self.periods += 1
                     controller.answer(period)
+                elif self._batch_rate is None:
+                    return {"next": n + self.min_batches}
                 else:  # stretch the window to the next exchange, at the rate it measured
                     more = max(math.ceil((period_s - elapsed) * self._batch_rate * 1.05), self.min_batches - batches, 1)
                     return {"next": n + more}

@@ -172,3 +172,18 @@ def test_no_process_group_keeps_your_settings_and_says_so_once():
         assert not switches(c) and c.loader.settings == c.loader.user
     said = [e["said"] for c in (leader, follower) for e in c.events if e["action"] == DECLINED]
     assert said == [True, False]
+
+
+def test_a_window_of_batches_handed_over_at_once_does_not_push_the_next_exchange_away():
+    """A rank whose new window has one batch so far, delivered from what the pool prefetched (its
+    elapsed time rounds to 0): the next exchange is a few batches on, not beyond the end of the run."""
+    loader = SimulatedLoader(LoaderSettings(num_workers=1))
+    controller = Controller(loader, period_s=0.5, min_batches=10, cpu_count=4, memory=HostMemory(lambda: (None, None)))
+    c = Coordinator(loader, 0, 2, controller=controller, store=lambda: None, period_s=0.5, min_batches=10)
+    settings = loader.settings
+    c._asked, c.n = (settings, 0.5), 50
+    one = Period(settings, 8.0, 0.9, None, 0.0, 1).to_dict()
+    decision = c._decide(1, [{"host": "a", "period": one}, {"host": "a", "period": one}])
+    assert decision == {"next": 60}
+    c._batch_rate = 40.0   # measured before: the window is stretched at that rate
+    assert c._decide(2, [{"host": "a", "period": one}, {"host": "a", "period": one}])["next"] - 50 <= 25
