@@ -46,6 +46,9 @@ from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normaliz
 # The shortest window whose batches/s places the next exchange: shorter ones (a pool handing over
 # the batches it prefetched, all at once) overstate it without bound.
 MIN_RATE_WINDOW_S = 0.02
+# ...nor a window shorter than this share of the period (a burst just after the switch); until one is
+# long enough, the window is stretched by AUTOTUNE_PERIOD_MIN_BATCHES at a time.
+RATE_WINDOW_SHARE = 0.25
 
 
 class RanksLost(Exception):
@@ -264,7 +267,7 @@ class Coordinator:
             if len(periods) == len(reports) and all(p.settings == settings for _, _, p in periods):
                 batches = min(p.batches for _, _, p in periods)
                 elapsed = min(p.elapsed_s for _, _, p in periods)
-                if batches >= 2 and elapsed >= MIN_RATE_WINDOW_S:
+                if batches >= 2 and elapsed >= max(MIN_RATE_WINDOW_S, RATE_WINDOW_SHARE * period_s):
                     # (a window of one or two batches handed over at once says nothing of the rate, and
                     # would place the next exchange beyond the end of the run)
                     self._batch_rate = batches / elapsed
