@@ -16,6 +16,7 @@ from typing import Mapping
 RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 LOCAL_RANK_ENV = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_SIZE_ENV = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+LOCAL_WORLD_SIZE_ENV = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 
 
 def env_var(*names: str, environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
@@ -47,6 +48,11 @@ def local_rank(environ: Mapping[str, str] | None = None) -> int | None:
 def world_size(environ: Mapping[str, str] | None = None) -> int | None:
     """The job's number of ranks; None when no launcher set it."""
     return env_int(*WORLD_SIZE_ENV, environ=environ)
+
+
+def local_world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """The job's number of ranks on this node; None when no launcher set it."""
+    return env_int(*LOCAL_WORLD_SIZE_ENV, environ=environ)
 
 
 def world_size_var(environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:

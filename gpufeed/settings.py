@@ -325,6 +325,9 @@ class AutotuneSettings:
     period_s: float | None = None
     min_batches: int | None = None
     max_workers: int | None = None
+    # Under several ranks: how long a rank waits for the others at a decision's exchange before it
+    # goes back to your settings (``autotune/ranks.py``)
+    sync_timeout_s: float | None = None
 
     def options(self) -> dict[str, Any]:
         """The controller's keyword options that are set."""

@@ -429,6 +429,16 @@ AUTOTUNE_MIN_AVAILABLE_SHARE = 0.10
 # waits this long for the death to show before it calls the error the user's own. A SIGKILLed
 # process is reaped within milliseconds; a second covers a loaded machine.
 AUTOTUNE_WORKER_REAP_GRACE_S = 1.0
+# Several ranks (autotune/ranks.py): at each decision's exchange through the job's store, rank 0
+# waits this long for every rank's period (and the others twice as long for its decision) before
+# every rank goes back to your settings. Ranks of a synchronous job reach the same batch within a
+# step of each other; the margin is for a rank 0 that checkpoints or evaluates alone while the
+# others wait (at an exchange instead of the all-reduce: minutes), and it is what a survivor of a
+# job without collectives waits when a rank dies (in DDP the survivors stop at the collective).
+AUTOTUNE_SYNC_TIMEOUT_S = 300.0
+# ...and rank 0 waits this long at an exchange for the search's next request (its thread decides
+# in milliseconds once it has the period): else the window goes on to the next exchange.
+AUTOTUNE_ASK_WAIT_S = 1.0
 
 # -- Offloading the training DataLoader to Ray (gpufeed/offload/, docs/offload.md) -----------------
 # Batches in flight per Ray worker when the loader sets no prefetch_factor: torch's own default (2).

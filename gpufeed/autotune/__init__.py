@@ -11,6 +11,7 @@ every sample delivered exactly once, in the order of a plain run (docs/autotune.
 - ``controller.py``: the decisions, from live measurements, by ``gpufeed tune``'s search;
 - ``model.py``: the what-if model's best setting from a live period, where the search starts;
 - ``memory.py``: the host memory headroom guard;
+- ``ranks.py``: several ranks (torchrun) switching together, decided by rank 0 through the job's store;
 - ``hook.py``: ``gpufeed run --autotune`` / ``diagnose --autotune`` (the probe's one call).
 """
 from __future__ import annotations
@@ -24,21 +25,23 @@ __all__ = ["autotune", "distributed_refusal"]
 
 
 def distributed_refusal() -> str | None:
-    """Why autotune cannot run in this process, or None: under torchrun (or any launcher with
-    several ranks) every rank would have to switch at the same step with the same settings."""
+    """Why autotune cannot run in this process, or None: several ranks (``WORLD_SIZE`` > 1, or
+    SLURM's, Open MPI's, PMI's) without a rank number to agree as."""
     found = ranks_env.world_size_var()
-    if found is not None and found[1] > 1:
+    if found is not None and found[1] > 1 and ranks_env.rank() is None:
         name, ranks = found
-        return (f"autotune is off: this job has {ranks} ranks ({name}), and gpufeed cannot yet make every "
-                "rank switch at the same step through the job's store, so the loader keeps your settings.")
+        return (f"autotune is off: this job has {ranks} ranks ({name}) but no rank number in the environment, "
+                "so the ranks cannot agree on their settings and the loader keeps yours.")
     return None
 
 
 def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: float | None = None,
-             min_batches: int | None = None, max_workers: int | None = None) -> Any:
+             min_batches: int | None = None, max_workers: int | None = None,
+             sync_timeout_s: float | None = None) -> Any:
     """An iterable that behaves like ``loader`` (``len()``, its attributes, every epoch's batches in
-    a plain run's order) and tunes its settings while the training runs. Under several ranks, says
-    why not on stderr and returns ``loader`` itself.
+    a plain run's order) and tunes its settings while the training runs. Under several ranks
+    (torchrun), every rank switches before the same batch with the same settings, decided by rank 0
+    from every rank's periods through the job's store (``ranks.py``).
 
     ``log(kind, **fields)`` receives every decision (``kind`` is ``"autotune"``); by default they go
     to the run record when gpufeed measures this process, and are kept in ``.controller.events``.
@@ -60,7 +63,19 @@ def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: f
         log = probe.event
     given = {k: v for k, v in (("period_s", period_s), ("min_batches", min_batches),
                                ("max_workers", max_workers)) if v is not None}
-    switching.controller = Controller(switching, log=log, **given)
+    world = ranks_env.world_size() or 1
+    if world <= 1:
+        switching.controller = Controller(switching, log=log, **given)
+        return switching
+    from gpufeed.autotune.ranks import Coordinator
+    rank = ranks_env.rank()
+    controller = None
+    if rank == 0:
+        controller = Controller(switching, log=log, node_ranks=ranks_env.local_world_size() or 1, **given)
+    timing = {k: v for k, v in given.items() if k != "max_workers"}
+    if sync_timeout_s is not None:
+        timing["sync_timeout_s"] = sync_timeout_s
+    switching.controller = Coordinator(switching, rank, world, controller=controller, log=log, **timing)
     return switching
 
 

@@ -46,8 +46,8 @@ from gpufeed.settings import random_stream_note
 from gpufeed.tune.result import FAILED, OK, TrialRun
 
 # The event's ``action``s (docs/run-record.md).
-START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, DRIFT, ERROR = (
-    "start", "measured", "switch", "hold", "refused", "recover", "crash", "settled", "drift", "error")
+START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, DRIFT, ERROR, DECLINED = (
+    "start", "measured", "switch", "hold", "refused", "recover", "crash", "settled", "drift", "error", "declined")
 
 
 @dataclass
@@ -65,6 +65,7 @@ class _Window:
     samples: int = 0
     wait_s: float = 0.0
     startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
+    iter_s: float = 0.0             # iter(loader) starting each epoch's pool (forking its workers): no next() waits it
     worker_cpu0: dict[int, float] = field(default_factory=dict)
     main_cpu0: float | None = None
     host_busy0: float | None = None
@@ -92,6 +93,40 @@ class _Window:
         return (self.t_last is not None and self.batches >= min_batches
                 and self.t_last - self.t0 >= self.period_s)
 
+    def add_iter(self, seconds: float) -> None:
+        """An epoch's pool started inside the window (``iter()``): its time is the input pipeline's."""
+        if self.t0 is not None and self.seen >= self.skip:
+            self.iter_s += seconds
+
+    def observe(self, worker_pids: Callable[[], list[int]], t_request: float, t_deliver: float, samples: int,
+                first_of_epoch: bool, cpu_request: float | None) -> None:
+        """One batch of this window's pool: the CPU readings start with the first one counted."""
+        if self.seen == self.skip - 1 or (self.seen == 0 and self.skip == 1):
+            self.worker_cpu0 = _cpu_times(worker_pids())
+            self.main_cpu0 = time.process_time()
+            self.host_busy0 = _host_busy_s()
+        self.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
+
+    def period(self) -> Period:
+        """What the window measured so far, as a decision period."""
+        elapsed = max(self.t_last - self.t0, 1e-9)
+        cpu1 = _cpu_times(list(self.worker_cpu0))
+        busy = cores = None
+        main = time.process_time() - self.main_cpu0 if self.main_cpu0 is not None else None
+        if self.worker_cpu0 and set(cpu1) == set(self.worker_cpu0):  # the same workers throughout
+            workers_cpu = sum(cpu1[p] - self.worker_cpu0[p] for p in cpu1)
+            busy = workers_cpu / (elapsed * len(cpu1))
+            cores = None if main is None else (main + workers_cpu) / elapsed
+        elif not self.settings.num_workers and main is not None:
+            cores = main / elapsed
+        host1 = _host_busy_s()
+        host = None if host1 is None or self.host_busy0 is None else (host1 - self.host_busy0) / elapsed
+        return Period(self.settings, self.samples / elapsed, self.wait_s / elapsed, busy, elapsed,
+                      self.batches, self.startup_s / elapsed, cores,
+                      None if main is None else main / elapsed, host,
+                      None if self.compute_cpu_s is None else self.compute_cpu_s / elapsed,
+                      iter_share=self.iter_s / elapsed)
+
 
 class Controller:
     """The ``SwitchingLoader``'s listener: runs the search in a thread, one live period per trial."""
@@ -99,12 +134,16 @@ class Controller:
     def __init__(self, loader: SwitchingLoader, log: Callable[..., None] | None = None, *,
                  period_s: float = th.TUNE_TRIAL_SECONDS, min_batches: int = th.AUTOTUNE_PERIOD_MIN_BATCHES,
                  cpu_count: int | None = None, max_workers: int | None = None,
-                 memory: HostMemory | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+                 memory: HostMemory | None = None, clock: Callable[[], float] = time.perf_counter,
+                 node_ranks: int = 1) -> None:
         self.loader = loader
         loader.listener = self
         self.period_s = period_s
         self.min_batches = min_batches
-        self.cpu_count = cpu_count or os.cpu_count() or 1
+        self.node_cpus = cpu_count or os.cpu_count() or 1
+        self.node_ranks = 1
+        self.cpu_count = self.node_cpus
+        self.set_node_ranks(node_ranks)
         self.max_workers = max_workers
         self.memory = memory or HostMemory()
         self.clock = clock
@@ -123,6 +162,31 @@ class Controller:
         self._thread = threading.Thread(target=self._drive, name="gpufeed-autotune", daemon=True)
         self._started = False
 
+    def set_node_ranks(self, ranks: int) -> None:
+        """Ranks on this node, each with its own loader at the same settings (torchrun): the search
+        steers by this rank's share of the node's cores, and the what-if model splits them
+        (``Costs.ranks``); a worker more per rank is as many more on the node (the memory guard)."""
+        self.node_ranks = max(int(ranks), 1)
+        self.cpu_count = max(self.node_cpus // self.node_ranks, 1)
+
+    # -- driven by the ranks' coordinator instead of ``on_batch`` (``ranks.py``) ------------------------
+    def take_ask(self, timeout_s: float) -> tuple[LoaderSettings, str, float] | None:
+        """The search's next request (settings, why, period), waiting up to ``timeout_s`` for it."""
+        try:
+            return self._asks.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def answer(self, period: "Period | str") -> None:
+        """The period the search asked for (or why it could not be measured)."""
+        self._answers.put(period)
+
+    def crashed(self, settings: LoaderSettings, error: str) -> None:
+        """A pool with ``settings`` lost a worker: no setting with as many workers again."""
+        workers = settings.num_workers or 0
+        self._crashed_workers = min(self._crashed_workers or workers, workers)
+        self.event(CRASH, settings=settings.to_dict(), error=error[:300], back_to=self.loader.user.to_dict())
+
     # -- the loader's listener (main thread) -------------------------------------------------------
     def on_epoch(self, epoch: int) -> None:
         self._epoch_started = True
@@ -131,6 +195,11 @@ class Controller:
             self.event(START, user=self.loader.user.to_dict(), iterable=self.loader.iterable,
                        period_s=self.period_s)
             self._thread.start()
+
+    def on_iter(self, seconds: float) -> None:
+        window = self._window
+        if window is not None and window.settings == self.loader.settings:
+            window.add_iter(seconds)
 
     def on_batch(self, t_request: float, t_deliver: float, samples: int, source: LoaderSettings,
                  batch: Any = None, cpu_request: float | None = None) -> LoaderSettings | None:
@@ -150,23 +219,17 @@ class Controller:
                 return settings  # measured from the new pool's batches on
         if source != window.settings:
             return None  # the old pool's last batches, delivered while the new one starts
-        if window.seen == window.skip - 1 or (window.seen == 0 and window.skip == 1):
-            window.worker_cpu0 = _cpu_times(self.loader.worker_pids())
-            window.main_cpu0 = time.process_time()
-            window.host_busy0 = _host_busy_s()
-        window.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
+        window.observe(self.loader.worker_pids, t_request, t_deliver, samples, first_of_epoch, cpu_request)
         if window.done(self.min_batches):
             self._window = None
-            self._answers.put(self._period(window))
+            self._answers.put(window.period())
         return None
 
     def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None:
         self.event(SWITCH, old=old.to_dict(), new=new.to_dict(), label=new.label(), where=where)
 
     def on_crash(self, settings: LoaderSettings, error: BaseException) -> LoaderSettings:
-        workers = settings.num_workers or 0
-        self._crashed_workers = min(self._crashed_workers or workers, workers)
-        self.event(CRASH, settings=settings.to_dict(), error=str(error)[:300], back_to=self.loader.user.to_dict())
+        self.crashed(settings, str(error))
         if self._window is not None and self._window.settings == settings:
             self._window = None
             self._answers.put(f"a worker died: {str(error)[:200]}")
@@ -177,7 +240,10 @@ class Controller:
         try:
             self._tune()
         except Exception as error:  # never the user's loop's problem: stay where we are
-            self.event(ERROR, error=f"{type(error).__name__}: {error}")
+            import traceback
+            frame = traceback.extract_tb(error.__traceback__)[-1]
+            self.event(ERROR, error=f"{type(error).__name__}: {error}",
+                       where=f"{os.path.basename(frame.filename)}:{frame.lineno}")
 
     def _tune(self) -> None:
         """Your settings first; search while the loop waits for data; settle on the winner and watch
@@ -202,14 +268,14 @@ class Controller:
     def _until_the_loop_waits(self, periods: list["Period"], settings: LoaderSettings) -> bool:
         """Measure quietly until the loop waits for data (False: the loop could not be measured). The
         periods that show it are the search's first runs of ``settings``: fewer at settings to improve."""
-        wait = sum(p.wait_share for p in periods) / len(periods)
+        wait = sum(p.input_share for p in periods) / len(periods)
         if wait >= th.AUTOTUNE_SEARCH_WAIT_SHARE:
             self._ready = {settings: list(periods)}
             return True
-        self.event(HOLD, why=f"the loop waited for data {wait:.1%} of the period "
+        self.event(HOLD, why=f"the input pipeline held the loop {wait:.1%} of the period (waits and start-up) "
                              f"(searching from {th.AUTOTUNE_SEARCH_WAIT_SHARE:.0%})", period=periods[-1].to_dict())
         period: Period | str = periods[-1]
-        while not isinstance(period, str) and period.wait_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
+        while not isinstance(period, str) and period.input_share < th.AUTOTUNE_SEARCH_WAIT_SHARE:
             period = self._measure(settings, "watching: the loop did not wait for data", log=False)
         if isinstance(period, str):
             return False
@@ -247,7 +313,7 @@ class Controller:
             if isinstance(period, str):
                 return None
             clearly_low = (period.samples_per_s < rate * (1 - 2 * noise)
-                           and period.wait_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
+                           and period.input_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
             low = low + 1 if clearly_low else 0
             if low >= 2:
                 self.event(DRIFT, why=f"{settings.label()} fell to {period.samples_per_s:,.0f} samples/s from "
@@ -276,7 +342,8 @@ class Controller:
                                 f"{period.samples_per_s / self.user_rate - 1:+.0%} against your settings",
                           action=RECOVER)
         return TrialRun(status=OK, samples_per_s=period.samples_per_s, elapsed_s=period.elapsed_s,
-                        diagnosis=period.facts(self.cpu_count, _batches_per_epoch(self.loader), self.max_workers))
+                        diagnosis=period.facts(self.node_cpus, _batches_per_epoch(self.loader), self.max_workers,
+                                               ranks=self.node_ranks))
 
     def _refusal(self, settings: LoaderSettings) -> str | None:
         current = self.loader.settings
@@ -288,6 +355,7 @@ class Controller:
             return None  # not raising workers or prefetch: no memory guard needed
         extra = extra_memory_b(self.loader.worker_pids(), max(workers - now, 0),
                                max(slots - now * (current.prefetch_factor or 0), 0), self._batch_bytes)
+        extra = None if extra is None else extra * self.node_ranks  # every rank on the node raises alike
         return self.memory.refusal(extra)
 
     def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED,
@@ -299,24 +367,6 @@ class Controller:
         if log and isinstance(answer, Period):
             self.event(action, why=why, period=answer.to_dict())
         return answer
-
-    def _period(self, window: _Window) -> Period:
-        elapsed = max(window.t_last - window.t0, 1e-9)
-        cpu1 = _cpu_times(list(window.worker_cpu0))
-        busy = cores = None
-        main = time.process_time() - window.main_cpu0 if window.main_cpu0 is not None else None
-        if window.worker_cpu0 and set(cpu1) == set(window.worker_cpu0):  # the same workers throughout
-            workers_cpu = sum(cpu1[p] - window.worker_cpu0[p] for p in cpu1)
-            busy = workers_cpu / (elapsed * len(cpu1))
-            cores = None if main is None else (main + workers_cpu) / elapsed
-        elif not window.settings.num_workers and main is not None:
-            cores = main / elapsed
-        host1 = _host_busy_s()
-        host = None if host1 is None or window.host_busy0 is None else (host1 - window.host_busy0) / elapsed
-        return Period(window.settings, window.samples / elapsed, window.wait_s / elapsed, busy, elapsed,
-                      window.batches, window.startup_s / elapsed, cores,
-                      None if main is None else main / elapsed, host,
-                      None if window.compute_cpu_s is None else window.compute_cpu_s / elapsed)
 
     # -- the record ----------------------------------------------------------------------------------
     def event(self, action: str, **fields: Any) -> None:

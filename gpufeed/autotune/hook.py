@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from gpufeed import ranks_env
 from gpufeed.measure.inside import patches, roles
 from gpufeed.measure.inside.dataloader_hook import Provider
 from gpufeed.measure.inside.loader_tag import LoaderTag
@@ -59,6 +60,8 @@ def _log(kind: str, **fields: Any) -> None:
     if probe is not None:
         probe.event(kind, **fields)
         return
+    if not fields.get("said", True) or not ranks_env.lead_process():
+        return  # several ranks: rank 0 says it for all of them (each rank's record keeps its own)
     line = describe(fields)
     if line:
         sys.stderr.write(f"gpufeed autotune: {line}\n")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.whatif import Costs, WhatIf, best_of
+from gpufeed.analysis.whatif import Costs, Spread, WhatIf, best_of, predict
 from gpufeed.settings import LoaderSettings
 
 
@@ -49,28 +49,67 @@ class Period:
     # request) over the wall time; what its threads spend while the loop waits inside next()
     # (spinning, polling) is not a cost per batch, it shrinks with the wait
     compute_cores: float | None = None
+    # Under several ranks (``ranks.py``): the CPU every rank on this node used over the wall time (what
+    # the host's busy time holds of the job's own), and how many ranks that is.
+    node_cores_used: float | None = None
+    node_ranks: int = 1
+    per_rank: list[dict[str, Any]] | None = None  # each rank's samples/s and wait share (the record's)
+    # of the wall time, iter(loader) starting each epoch's pool (forking its workers) inside the
+    # period: the input pipeline's cost that no next() waited, as diagnose's startup_in_iter_share
+    iter_share: float = 0.0
+
+    @property
+    def input_share(self) -> float:
+        """The input pipeline's share of the period, as ``diagnose`` counts it
+        (``analysis/rules/facts.input_share``): the waits in next() and the pools' start in iter()."""
+        return self.wait_share + self.iter_share
+
+    @property
+    def restart_share(self) -> float:
+        """Of it, what starting the workers again cost: iter() and each epoch's first batch
+        (``facts.restart_share``; the steps' copy-on-write after a fork is not measured live)."""
+        return self.iter_share + self.startup_share
 
     def to_dict(self) -> dict[str, Any]:
         return {"settings": self.settings.to_dict(), "label": self.settings.label(),
                 "samples_per_s": round(self.samples_per_s, 3), "wait_share": round(self.wait_share, 4),
                 "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
-                "startup_share": round(self.startup_share, 4),
+                "startup_share": round(self.startup_share, 4), "iter_share": round(self.iter_share, 4),
                 "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
                 "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
                 "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
-                "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3)}
+                "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3),
+                **({"node_cores_used": None if self.node_cores_used is None else round(self.node_cores_used, 3),
+                    "node_ranks": self.node_ranks} if self.node_ranks > 1 else {}),
+                **({"ranks": self.per_rank} if self.per_rank else {})}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Period":
+        """The inverse of ``to_dict`` (a rank's period, sent through the job's store)."""
+        return cls(LoaderSettings.from_dict(data["settings"]), data["samples_per_s"], data["wait_share"],
+                   data.get("worker_busy"), data["elapsed_s"], data["batches"], data.get("startup_share", 0.0),
+                   data.get("cores_used"), data.get("main_cores"), data.get("host_busy_cores"),
+                   data.get("compute_cores"), data.get("node_cores_used"), data.get("node_ranks", 1),
+                   iter_share=data.get("iter_share", 0.0))
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None,
-              max_workers: int | None = None) -> "LiveFacts":
+              max_workers: int | None = None, ranks: int = 1) -> "LiveFacts":
         """What the search steers by, as it reads a trial's diagnosis (``tune/search.py``), with the
-        what-if model's best setting predicted from this period."""
+        what-if model's best setting predicted from this period. ``cpu_count``: the node's cores;
+        with ``ranks`` on the node, the search reads this rank's share of them."""
         cuda = _cuda_used()
-        metrics = LiveMetrics(data_wait_share=self.wait_share, worker_startup_share=self.startup_share,
+        # The same accounting as diagnose's (analysis/metrics.py, rules/facts.py): the start-up of each
+        # epoch's pool is iter()'s part (startup_in_iter_share, in the input share) and the first
+        # batch's wait (restart_wait_share, in the data wait); worker_startup_share, which the search's
+        # persistent-workers fix reads (tune/causes.py), is both.
+        metrics = LiveMetrics(data_wait_share=self.wait_share, worker_startup_share=self.restart_share,
+                              startup_in_iter_share=self.iter_share, restart_wait_share=self.startup_share,
                               # CPU over wall time per worker: a lower bound of CPU over fetch time
                               worker_fetch_cpu_ratio=self.worker_busy, cpu_cores_command=self.cores_used,
-                              cpu_count=cpu_count, cuda_used=cuda)
-        return LiveFacts(metrics=metrics, what_if=live_what_if(self, cpu_count, batches_per_epoch, cuda, max_workers))
+                              cpu_count=max(cpu_count // max(ranks, 1), 1), cuda_used=cuda)
+        return LiveFacts(metrics=metrics, what_if=live_what_if(self, cpu_count, batches_per_epoch, cuda, max_workers,
+                                                               ranks=ranks))
 
 
 class SearchMetrics(Protocol):
@@ -134,7 +173,8 @@ def _cuda_used() -> bool:
     return bool(torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
-def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, cuda: bool) -> Costs | None:
+def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, cuda: bool,
+               ranks: int = 1) -> Costs | None:
     """The model's inputs from one period; None when it lacks a reading (the pool's CPU, the
     training process's CPU) or a batch. ``batches_per_epoch``: the loader's length (None: it has none,
     and the period's batches stand in, a lower bound that caps no workers)."""
@@ -162,19 +202,25 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, 
         handoff = th.WHATIF_HANDOFF_S  # what workers would add: pickling each batch, the queues
     others = 0.0
     if period.host_busy_cores is not None:
-        others = min(max(period.host_busy_cores - period.cores_used, 0.0), cpu_count * th.WHATIF_MAX_OTHER_SHARE)
+        job = period.node_cores_used if period.node_cores_used is not None else period.cores_used * max(ranks, 1)
+        others = min(max(period.host_busy_cores - job, 0.0), cpu_count * th.WHATIF_MAX_OTHER_SHARE)
     return Costs(cpu_s=cpu, sleep_s=sleep, handoff_s=handoff, compute_s=compute, receive_s=0.0, main_cpu_s=main,
                  # a live period measures its pool's start-up inside itself: no separate start or stop cost
                  startup_s=0.0, spawn_s=0.0, stop_s=0.0,
                  batches_per_epoch=batches_per_epoch or period.batches, whole_epochs=batches_per_epoch is not None,
                  samples_per_batch=period.samples_per_s * per_batch, cores=float(cpu_count), other_cores=others,
-                 workers=workers, persistent=bool(period.settings.persistent_workers), cuda=cuda)
+                 workers=workers, persistent=bool(period.settings.persistent_workers), cuda=cuda,
+                 ranks=max(ranks, 1))
 
 
 def live_what_if(period: Period, cpu_count: int, batches_per_epoch: float | None, cuda: bool,
-                 max_workers: int | None = None) -> WhatIf:
-    """The model's best setting for the search (``tune/search.py`` reads ``best``), or why not."""
-    costs = live_costs(period, cpu_count, batches_per_epoch, cuda)
+                 max_workers: int | None = None, ranks: int = 1) -> WhatIf:
+    """The model's best setting for the search (``tune/search.py`` reads ``best``), or why not.
+    ``ranks``: training processes on this node at the same settings, sharing its ``cpu_count`` cores."""
+    costs = live_costs(period, cpu_count, batches_per_epoch, cuda, ranks)
     if costs is None:
         return WhatIf(cannot_predict="the period lacks a CPU reading of the training process or its workers")
-    return WhatIf(costs=costs, best=best_of(costs, max_workers=max_workers))
+    # ``yours``: the period's own setting as the model sees it (the search compares what its pick
+    # measured with what was predicted for both: ``tune/model_start.py``'s agreement)
+    yours = predict(Spread(costs, costs, costs), costs.workers, costs.persistent, why="your settings")
+    return WhatIf(costs=costs, best=best_of(costs, max_workers=max_workers), yours=yours)

@@ -65,6 +65,9 @@ class Listener(Protocol):
 
     def on_epoch(self, epoch: int) -> None: ...
 
+    # optional: the seconds ``iter(loader)`` took to start an epoch's pool (forking its workers), which
+    # no ``next()`` waits for: ``on_iter(seconds)``
+
 
 def user_settings(loader: Any) -> LoaderSettings:
     """The settings the user's loader was built with."""
@@ -303,8 +306,12 @@ class _Epoch:
             owner._live.close()  # a new epoch ends the last one, as a new iterator does in torch
         owner._live = self
         self.owner = owner
+        t_iter = time.perf_counter()
         self.order, seed_state = owner._begin_epoch()
         self.current, self.feed = owner._start(self.order, seed_state)
+        on_iter = getattr(owner.listener, "on_iter", None)
+        if on_iter is not None:
+            on_iter(time.perf_counter() - t_iter)
         self.draining: tuple[Any, _Feed | None, LoaderSettings] | None = None  # the old child, delivering its last batches
         self.samples_per_batch = _samples_per_item(owner.loader)
 

@@ -136,6 +136,12 @@ def test_python_api_exactly_once_and_torchrun_declines(tmp_path):
     assert declined.returncode == 0
     assert declined.stderr.count("gpufeed: autotune is off: this job has 2 ranks") == 1
     assert json.loads(record.read_text())["settings"] is None  # the user's own loader, untouched
+    # Rank 0 of 2 whose script made no process group: nothing to agree through, your settings, said once.
+    alone = subprocess.run([sys.executable, SCRIPT, "--python-api", "--epochs", "1", "--record", str(record)],
+                           timeout=180, capture_output=True, text=True, env=dict(os.environ, WORLD_SIZE="2", RANK="0"))
+    assert alone.returncode == 0
+    assert alone.stderr.count("no torch.distributed process group at its first training batch") == 1
+    assert json.loads(record.read_text())["settings"] == "w1 p2"
 
 
 def test_steps_limit_ends_an_autotuned_run_cleanly(tmp_path, monkeypatch):

@@ -184,9 +184,12 @@ def test_events_in_words_and_batch_bytes():
     assert batch_bytes([torch.zeros(4, 2), {"y": torch.zeros(4, dtype=torch.int64)}]) == 4 * 2 * 4 + 4 * 8
 
 
-@pytest.mark.parametrize("env, refused", [({"WORLD_SIZE": "2"}, True), ({"WORLD_SIZE": "1"}, False), ({}, False)])
-def test_several_ranks_decline_in_one_sentence(monkeypatch, env, refused):
-    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+@pytest.mark.parametrize("env, refused", [({"WORLD_SIZE": "2"}, True), ({"WORLD_SIZE": "2", "RANK": "1"}, False),
+                                          ({"WORLD_SIZE": "1"}, False), ({}, False)])
+def test_several_ranks_without_a_rank_decline_in_one_sentence(monkeypatch, env, refused):
+    """Several ranks coordinate (``ranks.py``) once each knows its rank; without one they cannot."""
+    for name in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                 "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -262,3 +265,26 @@ def test_the_live_models_best_is_no_more_workers_than_the_loaders_length():
                 300, 10.0, 0.94, 0.05, 0.10)
     assert live_what_if(p, cpu_count=2, batches_per_epoch=8, cuda=False).best.num_workers <= 8
     assert live_what_if(p, cpu_count=2, batches_per_epoch=None, cuda=False).best.num_workers >= 13
+
+
+def test_the_search_measures_the_live_models_pick_against_its_prediction():
+    """A live period's model answers as a diagnosis's does: with ``yours`` (the period's own setting
+    as predicted), which the search needs once the model's pick is measured (its agreement)."""
+    from gpufeed.tune.result import OK, TrialRun
+    from gpufeed.tune.search import Search
+    user = normalized(LoaderSettings(num_workers=1), LoaderSettings(prefetch_factor=2, persistent_workers=False))
+
+    def measure(settings: LoaderSettings, why: str) -> TrialRun:
+        w = settings.num_workers or 0
+        # storage-bound: each worker makes a batch in 33 ms, mostly asleep; a 2 ms step
+        per_batch = max(0.033 / max(w, 1), 0.0025)
+        batches = int(10.0 / per_batch)
+        p = _period(normalized(settings, user), batches, 10.0, 1 - 0.002 / per_batch, 0.05, 0.03 * max(w, 1))
+        return TrialRun(status=OK, samples_per_s=p.samples_per_s, elapsed_s=10.0, diagnosis=p.facts(2, 300))
+
+    p = _period(user, 300, 10.0, 0.94, 0.05, 0.03)
+    model = live_what_if(p, cpu_count=2, batches_per_epoch=300, cuda=False)
+    assert model.yours is not None and model.yours.num_workers == 1
+    search = Search(measure, user, 2, confirm_pairs=0)
+    result = search.run()
+    assert search.model.agreement is not None and result.best.settings.num_workers > 4
