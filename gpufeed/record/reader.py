@@ -344,7 +344,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 shm.append(ev)
             elif kind == "profile":
                 prof = profiles.setdefault(pid, {"interval_s": ev.get("interval_s"), "samples": 0, "outside_s": 0.0,
-                                                 "stacks": {}})
+                                                 "stacks": {}, "scope": ev.get("scope") or "worker"})
                 prof["samples"] += ev.get("samples") or 0
                 prof["outside_s"] += ev.get("outside_s") or 0.0
                 for row in ev.get("stacks") or []:

@@ -15,6 +15,12 @@ lets go of it), and a wall-clock SIGALRM filed a loaded machine's scheduling del
 next. CPU samples are where the CPU went; a worker's waiting (I/O, sleep) is its fetch rows' wall time
 beyond their CPU time, not filed by function here.
 
+In the training process, where ``num_workers=0`` makes each batch inside ``next()`` on the training thread,
+``LoopProfiler`` files samples only while that thread is inside a training loader's ``_next_data`` (the
+sampler's indices, ``dataset[i]``, the collate, pinning): a wrapper on that iterator sets a flag, so the
+model's step is never filed under the dataset. The frames above the wrapper are the training loop's: the
+walk stops there as it stops at the worker loop.
+
 The handler restarts interrupted system calls (``siginterrupt(False)``) and is armed only where the
 worker's SIGPROF was left at its default (a script that profiles itself keeps its own). Time inside C
 code that holds the GIL is filed when it returns, under the frame that called it. The ``profile`` event
@@ -28,6 +34,7 @@ import os
 import signal
 import sys
 import sysconfig
+import threading
 import time
 from typing import Any
 
@@ -71,7 +78,15 @@ def _short(filename: str) -> str:
     return filename
 
 
+def _ours(handler: Any) -> bool:
+    """A handler of a Profiler: the training process's ``LoopProfiler``, inherited by a forked worker."""
+    return isinstance(getattr(handler, "__self__", None), Profiler)
+
+
 class Profiler:
+    # Where the walk stops besides the worker loop: the LoopProfiler's wrapper (the training loop above it)
+    _boundary: Any = None
+
     def __init__(self, interval_s: float = INTERVAL_S) -> None:
         self.interval_s = interval_s
         self.stacks: dict[tuple[str, str, str | None], list] = {}  # (site, function, call) -> [cpu_s, samples]
@@ -83,7 +98,7 @@ class Profiler:
 
     def start(self) -> "Profiler | None":
         """Arm the timer, where SIGPROF is the worker's to take; None where it is not."""
-        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
+        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None) and not _ours(signal.getsignal(SIGNAL)):
             return None
         signal.signal(SIGNAL, self._sample)
         signal.siginterrupt(SIGNAL, False)
@@ -120,11 +135,14 @@ class Profiler:
         user frame."""
         below = None
         library = self._files
+        boundary = self._boundary
         for _ in range(MAX_DEPTH):
             if frame is None:
                 return None
             code = frame.f_code
-            if code.co_name == WORKER_LOOP:  # below it: the parent's frames, inherited at the fork
+            # below the worker loop: the parent's frames, inherited at the fork; above the LoopProfiler's
+            # wrapper: the training loop's
+            if code.co_name == WORKER_LOOP or code is boundary:
                 return None
             name = code.co_filename
             is_library = library.get(name)
@@ -158,6 +176,115 @@ class Profiler:
             return None
         return {"interval_s": self.interval_s, "samples": samples, "outside_s": outside,
                 "stacks": [[site, function, call, cpu, n] for (site, function, call), (cpu, n) in stacks.items()]}
+
+
+class LoopProfiler(Profiler):
+    """The training process's profiler where ``num_workers=0``: its samples are filed only while the
+    training thread is inside a watched iterator's ``_next_data`` (``watch``); a sample elsewhere (the
+    model's step, evaluation, anything outside ``next()``) returns at once, filing nothing.
+
+    The timer runs from the first watched iterator on: pausing it on the way out of each ``next()`` and
+    resuming it on the way in cost two system calls and two CPU-time reads a batch (5.8 us, over the
+    probe's 2 us budget, bench/worker_profile.py --loop), and Linux did not give back what was left of
+    the interval across such pauses (``setitimer`` answered 12 s left of a 10 ms interval). The wrapper
+    sets a flag and counts entries (about 0.4 us a batch); a sample outside costs the handler's call
+    (some microseconds each 10 ms of the process's CPU).
+
+    A sample files this thread's CPU since the previous sample where both fell inside the same
+    ``next()`` call (time in C code that held the GIL across several intervals included), else at most
+    one interval: the share of intervals that end inside ``next()``."""
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        super().__init__(interval_s)
+        self.active = False          # the training thread is inside a watched _next_data
+        self.entered = 0             # watched _next_data calls so far
+        self._last_entered = -1      # ... at the last sample, where it fell inside one (else -1)
+        self._main = threading.get_ident()
+        self._handler = self._sample  # one bound method: getsignal answers this very object
+        self.watched = 0
+
+    def start(self) -> "LoopProfiler | None":
+        """Install the handler and arm the timer; None where SIGPROF is not ours to take, or this is not
+        the main thread (Python runs signal handlers there only)."""
+        if threading.get_ident() != threading.main_thread().ident:
+            return None
+        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
+            return None
+        signal.signal(SIGNAL, self._handler)
+        signal.siginterrupt(SIGNAL, False)
+        self._last = time.thread_time()
+        signal.setitimer(TIMER, self.interval_s, self.interval_s)
+        return self
+
+    def stop(self) -> None:
+        """Disarm the timer and give SIGPROF back, where the handler is still ours (a script that took
+        SIGPROF since keeps its handler and its timer)."""
+        try:
+            if signal.getsignal(SIGNAL) is self._handler:
+                signal.setitimer(TIMER, 0)
+                signal.signal(SIGNAL, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+
+    def watch(self, iterator: Any) -> bool:
+        """File samples taken while the training thread is inside this iterator's ``_next_data`` (an
+        instance attribute: other iterators, and ``__next__``'s hot path, are unchanged)."""
+        next_data = getattr(iterator, "_next_data", None)
+        if next_data is None:
+            return False
+        get_ident, main = threading.get_ident, self._main
+
+        def _next_data():
+            if get_ident() != main:  # the handler sees the main thread's frames only
+                return next_data()
+            was = self.active
+            self.entered += 1
+            self.active = True
+            try:
+                return next_data()
+            finally:
+                self.active = was
+
+        Profiler._boundary = _next_data.__code__  # one code object for every wrapper: the walk stops there
+        iterator._next_data = _next_data
+        self.watched += 1
+        return True
+
+    def _sample(self, _signum: int, frame: Any) -> None:
+        cpu = time.thread_time()
+        dcpu = max(cpu - self._last, 0.0)
+        self._last = cpu
+        if not self.active:
+            self._last_entered = -1
+            return
+        entered = self.entered
+        if entered != self._last_entered:  # the CPU since the last sample was not all inside this next()
+            dcpu = min(dcpu, self.interval_s)
+        self._last_entered = entered
+        self.samples += 1
+        key = self._file(frame)
+        if key is None:
+            self.outside_s += dcpu
+            return
+        cell = self.stacks.get(key)
+        if cell is None:
+            cell = self.stacks[key] = [0.0, 0]
+        cell[0] += dcpu
+        cell[1] += 1
+
+    def take(self) -> dict[str, Any] | None:
+        out = super().take()
+        if out is not None:
+            out["scope"] = "next"  # the training thread inside next(), not a worker
+        return out
+
+
+def start_in_loop(interval_s: float = INTERVAL_S) -> LoopProfiler | None:
+    """In the training process, at its first training iterator with ``num_workers=0``."""
+    try:
+        return LoopProfiler(interval_s).start()
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def start(interval_s: float = INTERVAL_S) -> Profiler | None:
