@@ -52,23 +52,28 @@ def loop(blocks: int, steps: int, interval: float | None) -> None:
     for name, dataset, n in (("32 ints, collate as list (the wrapper alone)", Numbers(), steps),
                              ("32 samples of Python work", Costly(), max(steps // 20, 50))):
         plain, watched = [], []
-        for _ in range(blocks):
-            plain_it = iter(DataLoader(dataset, batch_size=32, collate_fn=list))
-            watched_it = iter(DataLoader(dataset, batch_size=32, collate_fn=list))
-            t0 = time.thread_time()  # plain: no profiler in the process
-            for _ in range(n):
-                next(plain_it)
-            plain.append((time.thread_time() - t0) / n)
-            p = profiler.start_in_loop(interval)  # armed, and this iterator watched, as the probe does
-            assert p is not None, "SIGPROF is taken in this process"
-            assert p.watch(watched_it)
-            t0 = time.thread_time()
-            for _ in range(n):
-                next(watched_it)
-            watched.append((time.thread_time() - t0) / n)
-            p.stop()
-            taken = p.take()
-            samples += taken["samples"] if taken else 0
+        for block in range(blocks):
+            def run_plain():
+                it = iter(DataLoader(dataset, batch_size=32, collate_fn=list))  # no profiler in the process
+                t0 = time.thread_time()
+                for _ in range(n):
+                    next(it)
+                plain.append((time.thread_time() - t0) / n)
+
+            def run_watched():
+                nonlocal samples
+                it = iter(DataLoader(dataset, batch_size=32, collate_fn=list))
+                p = profiler.start_in_loop(interval)  # armed, and this iterator watched, as the probe does
+                assert p is not None and p.watch(it), "SIGPROF is taken in this process"
+                t0 = time.thread_time()
+                for _ in range(n):
+                    next(it)
+                watched.append((time.thread_time() - t0) / n)
+                p.stop()
+                taken = p.take()
+                samples += taken["samples"] if taken else 0
+            for run in ((run_plain, run_watched) if block % 2 else (run_watched, run_plain)):  # order alternates
+                run()
         a, b = statistics.median(plain), statistics.median(watched)
         print(f"{name}: plain next() {a * 1e6:.2f} us, profiled {b * 1e6:.2f} us: {(b - a) * 1e6:+.2f} us a batch "
               f"({(b - a) / a:+.2%}); {blocks} blocks of {n} batches, medians of this thread's CPU time")

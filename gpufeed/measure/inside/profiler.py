@@ -16,9 +16,9 @@ next. CPU samples are where the CPU went; a worker's waiting (I/O, sleep) is its
 beyond their CPU time, not filed by function here.
 
 In the training process, where ``num_workers=0`` makes each batch inside ``next()`` on the training thread,
-``LoopProfiler`` files samples only while that thread is inside a training loader's ``_next_data`` (the
-sampler's indices, ``dataset[i]``, the collate, pinning): a wrapper on that iterator sets a flag, so the
-model's step is never filed under the dataset. The frames above the wrapper are the training loop's: the
+``LoopProfiler`` samples only while that thread is inside a training loader's ``_next_data`` (the
+sampler's indices, ``dataset[i]``, the collate, pinning): a wrapper on that iterator arms the timer on the
+way in and disarms it on the way out, so the model's step is never sampled nor filed under the dataset. The frames above the wrapper are the training loop's: the
 walk stops there as it stops at the worker loop.
 
 The handler restarts interrupted system calls (``siginterrupt(False)``) and is armed only where the
@@ -30,6 +30,7 @@ Only the standard library: this runs in the user's process.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -41,6 +42,13 @@ from typing import Any
 SIGNAL, TIMER = signal.SIGPROF, signal.ITIMER_PROF
 INTERVAL_S = 0.01  # 100 Hz: bench/worker_fetch.py --profile measures what it costs a worker
 MAX_DEPTH = 64      # frames walked from the innermost
+# The training process (num_workers=0): arming and disarming the timer around a batch costs about 6 us
+# (bench/worker_profile.py --loop), over the probe's 2 us a batch on a batch of microseconds. After a batch
+# that used under LOOP_CHEAP_BATCH_S of CPU, the next LOOP_SKIP_AFTER_CHEAP batches are made unprofiled
+# (about 0.3 us each): 6 us over 8 batches. A batch of 0.5 ms or more pays the 6 us (1.2% at most) and
+# every one is profiled. The profile's shares are of the batches profiled (batches alike: the same code).
+LOOP_CHEAP_BATCH_S = 0.0005
+LOOP_SKIP_AFTER_CHEAP = 7
 # The worker loop's function (torch's and torchdata's): no user frame above it means the worker is between
 # batches; the frames below it are the training process's, copied at the fork.
 WORKER_LOOP = "_worker_loop"
@@ -179,46 +187,44 @@ class Profiler:
 
 
 class LoopProfiler(Profiler):
-    """The training process's profiler where ``num_workers=0``: its samples are filed only while the
-    training thread is inside a watched iterator's ``_next_data`` (``watch``); a sample elsewhere (the
-    model's step, evaluation, anything outside ``next()``) returns at once, filing nothing.
+    """The training process's profiler where ``num_workers=0``: the timer runs only while the training
+    thread is inside a watched iterator's ``_next_data`` (``watch``), so the model's step is never sampled,
+    and nothing of the profiler runs outside ``next()``.
 
-    The timer runs from the first watched iterator on: pausing it on the way out of each ``next()`` and
-    resuming it on the way in cost two system calls and two CPU-time reads a batch (5.8 us, over the
-    probe's 2 us budget, bench/worker_profile.py --loop), and Linux did not give back what was left of
-    the interval across such pauses (``setitimer`` answered 12 s left of a 10 ms interval). The wrapper
-    sets a flag and counts entries (about 0.4 us a batch); a sample outside costs the handler's call
-    (some microseconds each 10 ms of the process's CPU).
+    Armed on the way in (for what is left of the interval: this thread's CPU inside ``next()`` since the
+    last sample is carried across batches, so batches shorter than the interval are sampled too), disarmed
+    on the way out. A timer left running outside ``next()`` was measured first (0.2 us a batch) and
+    dropped: PyTorch Lightning's teardown gives every signal back to the handler it found at ``fit()``'s
+    start (SIGPROF's default), and the next tick ended a torchrun child with SIGPROF (exit code -27). On the
+    way in the handler is checked to be still ours: a script that took SIGPROF since keeps it.
 
-    A sample files this thread's CPU since the previous sample where both fell inside the same
-    ``next()`` call (time in C code that held the GIL across several intervals included), else at most
-    one interval: the share of intervals that end inside ``next()``."""
+    A sample files this thread's CPU inside ``next()`` since the previous sample (time in C code that held
+    the GIL across several intervals included)."""
 
     def __init__(self, interval_s: float = INTERVAL_S) -> None:
         super().__init__(interval_s)
-        self.active = False          # the training thread is inside a watched _next_data
-        self.entered = 0             # watched _next_data calls so far
-        self._last_entered = -1      # ... at the last sample, where it fell inside one (else -1)
+        self.active = False          # the training thread is inside a watched _next_data, the timer armed
+        self._carry = 0.0            # CPU inside _next_data since the last sample, before this entry
+        self._entered = 0.0          # this thread's CPU time at this entry (or at the last sample since)
+        self._skip = 0               # batches left to make unprofiled (after a cheap one)
         self._main = threading.get_ident()
         self._handler = self._sample  # one bound method: getsignal answers this very object
         self.watched = 0
 
     def start(self) -> "LoopProfiler | None":
-        """Install the handler and arm the timer; None where SIGPROF is not ours to take, or this is not
-        the main thread (Python runs signal handlers there only)."""
+        """Install the handler (the timer is armed inside watched batches only); None where SIGPROF is not
+        ours to take, or this is not the main thread (Python runs signal handlers there only)."""
         if threading.get_ident() != threading.main_thread().ident:
             return None
         if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
             return None
         signal.signal(SIGNAL, self._handler)
         signal.siginterrupt(SIGNAL, False)
-        self._last = time.thread_time()
-        signal.setitimer(TIMER, self.interval_s, self.interval_s)
+        atexit.register(self.stop)
         return self
 
     def stop(self) -> None:
-        """Disarm the timer and give SIGPROF back, where the handler is still ours (a script that took
-        SIGPROF since keeps its handler and its timer)."""
+        """Disarm the timer and give SIGPROF back, where the handler is still ours."""
         try:
             if signal.getsignal(SIGNAL) is self._handler:
                 signal.setitimer(TIMER, 0)
@@ -227,23 +233,35 @@ class LoopProfiler(Profiler):
             pass
 
     def watch(self, iterator: Any) -> bool:
-        """File samples taken while the training thread is inside this iterator's ``_next_data`` (an
-        instance attribute: other iterators, and ``__next__``'s hot path, are unchanged)."""
+        """Sample while the training thread is inside this iterator's ``_next_data`` (an instance
+        attribute: other iterators, and ``__next__``'s hot path, are unchanged)."""
         next_data = getattr(iterator, "_next_data", None)
         if next_data is None:
             return False
-        get_ident, main = threading.get_ident, self._main
+        getsignal, handler, get_ident, main = signal.getsignal, self._handler, threading.get_ident, self._main
+        setitimer, thread_time, interval = signal.setitimer, time.thread_time, self.interval_s
+        cheap, skip = LOOP_CHEAP_BATCH_S, LOOP_SKIP_AFTER_CHEAP
 
         def _next_data():
-            if get_ident() != main:  # the handler sees the main thread's frames only
+            left = self._skip
+            if left:  # after a cheap batch (LOOP_SKIP_AFTER_CHEAP)
+                self._skip = left - 1
                 return next_data()
-            was = self.active
-            self.entered += 1
+            # Not sampled: re-entered, another thread, or SIGPROF no longer ours (stopped, or taken since)
+            if self.active or get_ident() != main or getsignal(SIGNAL) is not handler:
+                return next_data()
+            self._entered = entered = thread_time()
             self.active = True
+            setitimer(TIMER, max(interval - self._carry, 0.0001), interval)
             try:
                 return next_data()
             finally:
-                self.active = was
+                setitimer(TIMER, 0)
+                self.active = False
+                now = thread_time()
+                self._carry += now - self._entered
+                if now - entered < cheap:
+                    self._skip = skip
 
         Profiler._boundary = _next_data.__code__  # one code object for every wrapper: the walk stops there
         iterator._next_data = _next_data
@@ -251,16 +269,11 @@ class LoopProfiler(Profiler):
         return True
 
     def _sample(self, _signum: int, frame: Any) -> None:
-        cpu = time.thread_time()
-        dcpu = max(cpu - self._last, 0.0)
-        self._last = cpu
-        if not self.active:
-            self._last_entered = -1
+        if not self.active:  # delivered after the pause: its CPU is in _carry, filed by the next sample
             return
-        entered = self.entered
-        if entered != self._last_entered:  # the CPU since the last sample was not all inside this next()
-            dcpu = min(dcpu, self.interval_s)
-        self._last_entered = entered
+        cpu = time.thread_time()
+        dcpu = max(self._carry + cpu - self._entered, 0.0)
+        self._carry, self._entered = 0.0, cpu
         self.samples += 1
         key = self._file(frame)
         if key is None:
