@@ -166,7 +166,9 @@ class RunRecord:
     # `batch_parts` events by pid: a map-style worker's batches, its samples and collate timed
     batch_parts: dict[int, BatchParts] = field(default_factory=dict)
     # `profile` events by pid, summed: a worker's stack samples by the user's code (measure/inside/profiler.py):
-    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}}
+    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}, "scope":
+    # "worker" or "next" (the training process inside next(), num_workers=0), "timeline": [(t, {"site
+    # function": cpu_s}, outside_s)] each event's CPU since the one before, at its flush (empty in older records)}
     profiles: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -344,14 +346,19 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 shm.append(ev)
             elif kind == "profile":
                 prof = profiles.setdefault(pid, {"interval_s": ev.get("interval_s"), "samples": 0, "outside_s": 0.0,
-                                                 "stacks": {}, "scope": ev.get("scope") or "worker"})
+                                                 "stacks": {}, "scope": ev.get("scope") or "worker", "timeline": []})
                 prof["samples"] += ev.get("samples") or 0
                 prof["outside_s"] += ev.get("outside_s") or 0.0
+                by_function: dict[str, float] = {}
                 for row in ev.get("stacks") or []:
                     if isinstance(row, list) and len(row) == 5 and all(isinstance(v, (int, float)) for v in row[3:]):
                         cell = prof["stacks"].setdefault((str(row[0]), str(row[1]), row[2]), [0.0, 0])
                         cell[0] += row[3]
                         cell[1] += row[4]
+                        name = f"{row[0]} {row[1]}"
+                        by_function[name] = by_function.get(name, 0.0) + row[3]
+                if isinstance(ev.get("t"), (int, float)):  # the flush's time (older records: none)
+                    prof["timeline"].append((float(ev["t"]), by_function, float(ev.get("outside_s") or 0.0)))
             elif kind == "batch_parts":
                 rows, slow = part_rows.setdefault(pid, ([], []))
                 rows.extend(ev["rows"])

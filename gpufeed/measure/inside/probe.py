@@ -208,7 +208,7 @@ class Probe:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
         profile = self.profiler.take() if self.profiler is not None else None
         if profile is not None:
-            lines.append(dict(profile, kind="profile", pid=self.pid))
+            lines.append(dict(profile, kind="profile", pid=self.pid, t=_clock()))
         loop_rows = loop.take_rows()
         if loop_rows:
             lines.append({"kind": "loop", "pid": self.pid, "rows": loop_rows})
