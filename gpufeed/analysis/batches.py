@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from collections import Counter
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
@@ -160,55 +160,68 @@ def analyze(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> Ba
     return out
 
 
+def matched_steps(record: RunRecord, it: IteratorRecord) -> Iterator[tuple]:
+    """Each step of the iterator's first epoch matched to its worker's batch, where the match holds:
+    (index, t_request, t_deliver, t_start, t_end, ready, parts) with ``t_start``/``t_end`` the batch's
+    fetch, ``ready`` the earliest fetch end of a later batch in flight (inf: none), ``parts`` its worker's
+    batch parts (or None). A step whose batch is not in the record gives ``t_start`` None. Nothing where
+    the match fails (``MATCH_MAX_LATE_SHARE``)."""
+    if len(it.worker_pids) < 1 or not len(it.steps) or it.config.offload is not None:
+        return
+    workers = _fetches_by_worker(record, it)
+    if workers is None:
+        return
+    n = len(workers)
+    ahead = n * (it.config.prefetch_factor or 2)
+    steps = it.steps
+    first_epoch = np.asarray(steps.t_request) < (it.epoch_starts[0] if it.epoch_starts else math.inf)
+    idx = np.asarray(steps.index).astype(int)
+
+    def row(i: int) -> Made | None:  # each step's batch: when its worker made it, or None
+        w, k = i % n, i // n
+        rows = workers[w][0]
+        return rows[k] if k < len(rows) else None
+    made = {int(i): row(int(i)) for i in idx[first_epoch]}
+    ok = [i for i, r in made.items() if r is not None]
+    # The match holds when batches are delivered after their worker finished them.
+    late = [i for i in ok if made[i].end > steps.t_deliver[np.searchsorted(idx, i)] + th.MATCH_SLACK_S]
+    if not ok or len(late) > th.MATCH_MAX_LATE_SHARE * len(ok):
+        return
+    for pos in np.flatnonzero(first_epoch):
+        i = int(idx[pos])
+        t_req, t_del = float(steps.t_request[pos]), float(steps.t_deliver[pos])
+        r = made.get(i)
+        if r is None:
+            yield i, t_req, t_del, None, None, math.inf, None
+            continue
+        later = [made[j].end for j in range(i + 1, i + ahead) if made.get(j) is not None]
+        yield i, t_req, t_del, r.start, r.end, float(min(later, default=math.inf)), workers[i % n][1]
+
+
 def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchAnalysis) -> None:
     waits = dict(worker=0.0, samples=0.0, collate=0.0, in_order=0.0, handover=0.0, wait=0.0)
     slow_wait, matched, in_window = 0.0, 0, 0
     bar = out.slow_bar_s
     for it in its:
-        workers = _fetches_by_worker(record, it)
-        if workers is None:
-            continue
-        n = len(workers)
-        ahead = n * (it.config.prefetch_factor or 2)
-        steps = it.steps
-        first_epoch = np.asarray(steps.t_request) < (it.epoch_starts[0] if it.epoch_starts else math.inf)
-        idx = np.asarray(steps.index).astype(int)
-        # Each step's batch: when its worker made it, or None.
-        def row(i: int) -> Made | None:
-            w, k = i % n, i // n
-            rows = workers[w][0]
-            return rows[k] if k < len(rows) else None
-        made = {int(i): row(int(i)) for i in idx[first_epoch]}
-        ok = [i for i, r in made.items() if r is not None]
-        # The match holds when batches are delivered after their worker finished them.
-        late = [i for i in ok if made[i].end > steps.t_deliver[np.searchsorted(idx, i)] + th.MATCH_SLACK_S]
-        if not ok or len(late) > th.MATCH_MAX_LATE_SHARE * len(ok):
-            continue
-        for pos in np.flatnonzero(first_epoch):
-            i = int(idx[pos])
-            t_req, t_del = float(steps.t_request[pos]), float(steps.t_deliver[pos])
+        for _i, t_req, t_del, start, end, ready, part_rows in matched_steps(record, it):
             if not (m.window_start_t <= t_req and t_del <= m.window_end_t):
                 continue
             in_window += 1
-            r = made.get(i)
-            if r is None:
+            if start is None:
                 continue
             matched += 1
-            start, end = r.start, r.end
             wait = t_del - t_req
             waits["wait"] += wait
             in_worker = _overlap(t_req, t_del, -math.inf, end)
             waits["worker"] += in_worker
             waits["handover"] += wait - in_worker
-            parts = _parts_of(workers[i % n][1], start)
+            parts = _parts_of(part_rows, start)
             made_s = end - start
             if parts is not None and made_s > 0:
                 # the part of the wait while this batch itself was made, split by its parts
                 own = _overlap(t_req, t_del, start, end)
                 waits["samples"] += own * min(parts.samples_s / made_s, 1.0)
                 waits["collate"] += own * min(parts.collate_s / made_s, 1.0 - min(parts.samples_s / made_s, 1.0))
-            later = [made[j].end for j in range(i + 1, i + ahead) if made.get(j) is not None]
-            ready = min(later, default=math.inf)
             if ready < end:
                 waits["in_order"] += _overlap(t_req, t_del, ready, end)
             if bar is not None and parts is not None and parts.sample_max_s >= bar:

@@ -31,6 +31,7 @@ from rich.console import Console
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.offloaded import events_of, rates
 from gpufeed.present.autotune_view import said, settings_timeline
+from gpufeed.present.inside_view import profile_view, stages_view
 from gpufeed.present.report_trials import BATCH_SIZE, TUNE, result_file, trials_section
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
 from gpufeed.present.prose import FINDINGS_BY_TIME, costs_sentence
@@ -75,6 +76,8 @@ class RunView:
     notes: list[str] = field(default_factory=list)
     stall: list[dict[str, Any]] = field(default_factory=list)  # each process of a stalled loader
     stacks: dict[int, str] = field(default_factory=dict)       # their Python stacks, per pid
+    profile: dict[str, Any] | None = None   # the icicle of the training loader's profile (inside_view.py)
+    stages: dict[str, Any] | None = None    # the loop's wait split by stage, a stacked bar
 
 
 @dataclass
@@ -195,7 +198,8 @@ def _record_view(record: RunRecord, run_dir: str, title: str) -> RunView:
     return RunView(title=title, run_dir=run_dir, diagnosis=diagnosis,
                    measured=console.export_text().rstrip(), charts=charts, notes=diagnosis.warnings,
                    stall=list(stalled.evidence.get("processes") or []) if stalled else [],
-                   stacks=record.stacks() if stalled else {})
+                   stacks=record.stacks() if stalled else {},
+                   profile=profile_view(record, diagnosis), stages=stages_view(diagnosis))
 
 
 def _values(a: np.ndarray, digits: int = 2) -> list[float | None]:

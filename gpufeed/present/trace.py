@@ -9,6 +9,14 @@ why, and no counter: N/A is never drawn as 0); each process's own CPU on its tra
 (``--autotune``) shows its settings as a counter on the training process's track, stepping at each
 switch, with an instant event per switch and where it settled.
 
+Inside the batches (issue 35): each data wait of a loader with workers is split, nested inside it, into
+the batch being made in its worker (and, nested in that, the time a later batch was already made: in
+order) and its hand-over, where the step is matched to its batch (``analysis/batches.py``'s
+``matched_steps``). The sampling profiler's CPU by the user's code is a counter on each profiled process
+(a worker, or the training process with ``num_workers=0``): each function's CPU per second since the
+profile before, its top functions and the rest, and an instant event at its last profile with the
+process's totals.
+
 Times are microseconds since the first event, from the host's monotonic clock, which every
 process of the run shares, so the slices and counters line up as they happened. A counter holds
 its value until the next reading: a reading that was missing is left out, never written as 0.
@@ -22,6 +30,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from gpufeed.analysis.batches import matched_steps
 from gpufeed.present.autotune_view import said, settings_timeline
 from gpufeed.record.reader import RunRecord, load_run
 
@@ -64,6 +73,8 @@ def trace(record: RunRecord) -> dict[str, Any]:
     events += _counters(record, us)
     events += _gpm_na(record, us)
     events += _autotune(record, us)
+    events += _stages(record, us)
+    events += _profiles(record, us)
     meta = record.meta
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"command": " ".join(meta.command), "run_dir": str(record.run_dir),
@@ -130,6 +141,76 @@ def _workers(record: RunRecord, us: Any) -> Iterator[Event]:
                     "cpu_share": None if math.isnan(cpu_s) or wall <= 0 else round(float(cpu_s / wall), 3)}
             yield {"ph": "X", "cat": "batch", "name": "batch", "pid": f.pid, "tid": f.pid, "ts": us(t_start),
                    "dur": max(0.0, us(t_end) - us(t_start)), "args": args}
+
+
+def _stages(record: RunRecord, us: Any) -> Iterator[Event]:
+    """Each matched data wait split, nested inside it: made in the worker (in order nested in that), then
+    the hand-over."""
+    for it in record.iterators:
+        for index, t_req, t_del, start, end, ready, _parts in matched_steps(record, it):
+            if start is None:
+                continue
+            args = {"index": index, "loader": it.loader_id}
+            made_until = min(t_del, end)
+            if made_until > t_req:
+                yield {"ph": "X", "cat": "stage", "name": "made in the worker", "pid": it.pid, "tid": it.pid,
+                       "ts": us(t_req), "dur": max(0.0, us(made_until) - us(t_req)),
+                       "args": dict(args, fetch_started_us=us(start), fetch_ended_us=us(end))}
+                if ready < end and made_until > max(t_req, ready):
+                    yield {"ph": "X", "cat": "stage", "name": "in order (a later batch already made)", "pid": it.pid,
+                           "tid": it.pid, "ts": us(max(t_req, ready)),
+                           "dur": max(0.0, us(made_until) - us(max(t_req, ready))), "args": args}
+            if t_del > max(t_req, end):
+                yield {"ph": "X", "cat": "stage", "name": "hand-over", "pid": it.pid, "tid": it.pid,
+                       "ts": us(max(t_req, end)), "dur": max(0.0, us(t_del) - us(max(t_req, end))), "args": args}
+
+
+# Functions a profile counter names (the rest summed as "other"): Perfetto draws each as a series
+PROFILE_TOP = 8
+
+
+def _profiles(record: RunRecord, us: Any) -> Iterator[Event]:
+    """The profiler's CPU by the user's code: per process, a counter of each top function's CPU per second
+    (ms of CPU per s) since the profile event before; an instant event with the totals at the last one."""
+    for pid, prof in record.profiles.items():
+        totals: dict[str, float] = {}
+        for (site, function, _call), (cpu, _n) in prof["stacks"].items():
+            totals[f"{site} {function}"] = totals.get(f"{site} {function}", 0.0) + cpu
+        top = sorted(totals, key=lambda k: -totals[k])[:PROFILE_TOP]
+        timeline = sorted(prof.get("timeline") or [], key=lambda x: x[0])
+        name = "CPU by your code (ms per s)" + (" inside next()" if prof.get("scope") == "next" else "")
+        # The first profile's CPU is since the process's first batch (a worker's fetch, or next())
+        starts = [float(f.rows.t_start[0]) for f in record.fetches if f.pid == pid and len(f.rows)]
+        starts += [float(it.steps.t_request[0]) for it in record.iterators if it.pid == pid and len(it.steps)]
+        last_t = min(starts, default=None)
+        for t, by_function, outside in timeline:
+            span = (t - last_t) if last_t is not None else None
+            last_t = t
+            if not span or span <= 0:
+                continue
+            values = {k: by_function.get(k, 0.0) / span * 1000 for k in top}
+            rest = sum(v for k, v in by_function.items() if k not in top)
+            values["other functions"] = rest / span * 1000
+            values["outside your code"] = outside / span * 1000
+            counter = _counter(pid, name, us(t - span), values)
+            if counter is not None:
+                yield counter
+        if timeline and last_t is not None:  # nothing sampled after the last profile: the counter ends at 0
+            closing = _counter(pid, name, us(last_t), {k: 0.0 for k in [*top, "other functions", "outside your code"]})
+            if closing is not None:
+                yield closing
+        if timeline or totals:
+            all_cpu = sum(totals.values()) + (prof.get("outside_s") or 0.0)
+            at = timeline[-1][0] if timeline else None
+            if at is None:
+                continue  # an older record: no time to place it at
+            yield {"ph": "i", "s": "p", "cat": "profile", "pid": pid, "tid": pid, "ts": us(at),
+                   "name": f"profile: {top[0]} {totals[top[0]] / all_cpu:.0%} of {all_cpu:.2f} s sampled" if top and all_cpu > 0
+                   else "profile: nothing in your code",
+                   "args": {"scope": prof.get("scope"), "samples": prof.get("samples"), "outside_s": round(prof.get("outside_s") or 0.0, 4),
+                            "cpu_s": {k: round(totals[k], 4) for k in top},
+                            "calls": [[site, function, call, round(cpu, 4), n]
+                                      for (site, function, call), (cpu, n) in sorted(prof["stacks"].items(), key=lambda kv: -kv[1][0])]}}
 
 
 def _autotune(record: RunRecord, us: Any) -> Iterator[Event]:

@@ -96,7 +96,8 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         part.rows.shift(dt)
         part.slow = [(t + dt, i, s) for t, i, s in part.slow]
     r.batch_parts = {part.pid: part for part in r.batch_parts.values()}
-    r.profiles = {pid(p): prof for p, prof in r.profiles.items()}
+    r.profiles = {pid(p): dict(prof, timeline=[(t + dt, *rest) for t, *rest in prof.get("timeline") or []])
+                  for p, prof in r.profiles.items()}
     for rows in r.loops.values():
         rows.shift(dt)
     r.loops = {pid(p): rows for p, rows in r.loops.items()}

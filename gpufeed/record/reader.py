@@ -166,7 +166,9 @@ class RunRecord:
     # `batch_parts` events by pid: a map-style worker's batches, its samples and collate timed
     batch_parts: dict[int, BatchParts] = field(default_factory=dict)
     # `profile` events by pid, summed: a worker's stack samples by the user's code (measure/inside/profiler.py):
-    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}}
+    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}, "scope":
+    # "worker" or "next" (the training process inside next(), num_workers=0), "timeline": [(t, {"site
+    # function": cpu_s}, outside_s)] each event's CPU since the one before, at its flush (empty in older records)}
     profiles: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -344,9 +346,10 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 shm.append(ev)
             elif kind == "profile":
                 prof = profiles.setdefault(pid, {"interval_s": ev.get("interval_s"), "samples": 0, "outside_s": 0.0,
-                                                 "stacks": {}})
+                                                 "stacks": {}, "scope": ev.get("scope") or "worker", "timeline": []})
                 prof["samples"] += ev.get("samples") or 0
                 prof["outside_s"] += ev.get("outside_s") or 0.0
+                by_function: dict[str, float] = {}
                 for row in ev.get("stacks") or []:
                     if not (isinstance(row, list) and len(row) == len(schema.PROFILE_STACK_COLUMNS)):
                         continue
@@ -356,6 +359,10 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                                                          [0.0, 0])
                         cell[0] += stack["cpu_s"]
                         cell[1] += stack["samples"]
+                        name = f"{stack['site']} {stack['function']}"
+                        by_function[name] = by_function.get(name, 0.0) + stack["cpu_s"]
+                if isinstance(ev.get("t"), (int, float)):  # the flush's time (older records: none)
+                    prof["timeline"].append((float(ev["t"]), by_function, float(ev.get("outside_s") or 0.0)))
             elif kind == "batch_parts":
                 rows, slow = part_rows.setdefault(pid, ([], []))
                 rows.extend(ev["rows"])

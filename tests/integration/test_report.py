@@ -399,3 +399,58 @@ def test_gpm_beside_gpu_utilization_or_na_with_the_reason(tmp_path, browser):
     session, shown = rendered(browser, write_report(denied, tmp_path / "d.html"))
     assert set(chart_series(browser, session, "run-0-gpu-util")) == {"x", "GPU 0"}
     assert "GPU 0: SM activity, SM occupancy and tensor activity N/A: not permitted" in shown["text"]
+
+
+def test_profile_icicle_and_wait_by_stage(tmp_path, browser):
+    """A real run of a dataset whose CPU sits in `augment` (tests/real/scripts/costly_function.py, one
+    worker): the icicle's widest function box names it, boxes nest (each call inside its function), and the
+    stacked bar's stages add up to the diagnosis's wait split, drawn without a network."""
+    from tests.paths import TESTS
+    script = TESTS / "real" / "scripts" / "costly_function.py"
+    result = gpufeed(["diagnose", "--warmup", "5", "--out", str(tmp_path / "run"), "--json", str(tmp_path / "d.json"),
+                      "--report", "--", sys.executable, str(script), "--steps", "50", "--workers", "1"], cwd=tmp_path)
+    assert result.returncode == cli.EXIT_OK, result.stdout + result.stderr
+    diag = json.loads((tmp_path / "d.json").read_text())
+    session, shown = rendered(browser, tmp_path / "run" / "report.html")
+    drawn = browser.evaluate(session, """(() => {
+        const box = g => { const r = g.querySelector('rect').getBoundingClientRect();
+                           return {kind: g.dataset.kind, label: g.dataset.label, x: r.x, w: r.width}; };
+        return {
+          boxes: [...document.querySelectorAll('#run-0-profile svg g')].map(box),
+          stages: [...document.querySelectorAll('#run-0-stages svg g')].map(g => [g.dataset.stage, Number(g.dataset.points),
+                                                                                     g.querySelector('rect').getBoundingClientRect().width]),
+        };
+    })()""")
+    functions = [b for b in drawn["boxes"] if b["kind"] == "function"]
+    assert functions, drawn
+    widest = max(functions, key=lambda b: b["w"])
+    assert widest["label"].startswith("costly_function.py:") and widest["label"].endswith(" augment"), functions
+    whole = next(b for b in drawn["boxes"] if b["kind"] == "all")
+    assert widest["w"] >= 0.5 * whole["w"], (widest, whole)
+    calls = [b for b in drawn["boxes"] if b["kind"] == "call"]
+    assert calls and all(any(f["x"] - 0.5 <= c["x"] and c["x"] + c["w"] <= f["x"] + f["w"] + 0.5 for f in functions)
+                         for c in calls), "each call box lies under its function"
+    split = diag["batches"]
+    stages = {k: pts for k, pts, _w in drawn["stages"]}
+    assert set(stages) >= {"handover", "rest", "in_order"}, stages
+    waited = sum(pts for k, pts in stages.items() if k not in ("rest", "in_order", "copy"))
+    assert abs(waited - split["wait_share"] * 100) < 0.05, (stages, split)
+    assert abs(stages["handover"] - split["handover_share"] * 100) < 0.01
+    # widths are proportional to the points (the whole bar is the training time)
+    bar = sum(w for k, _p, w in drawn["stages"] if k != "in_order")
+    for k, pts, w in drawn["stages"]:
+        if k != "in_order":
+            assert abs(w / bar - pts / sum(p for kk, p, _w in drawn["stages"] if kk != "in_order")) < 0.01, drawn["stages"]
+
+
+def test_profile_labels_are_text(tmp_path, browser):
+    """A profile whose site and call are markup (a user's file may be named anything): drawn as text."""
+    from tests.unit.analysis.test_user_code import HOT
+    import dataclasses
+    bad = '<img src=x onerror="window.__pwned=4">'
+    run = write_run(tmp_path / "run", dataclasses.replace(HOT, profile=[[f"{bad}.py:1", "load", bad, 0.9, 90]]))
+    html = write_report(run, tmp_path / "r.html")
+    session, shown = rendered(browser, html)
+    assert shown["pwned"] is None
+    labels = browser.evaluate(session, "[...document.querySelectorAll('#run-0-profile svg g')].map(g => g.dataset.label)")
+    assert f"{bad}.py:1 load" in labels and bad in labels, labels

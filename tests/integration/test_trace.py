@@ -194,3 +194,31 @@ def test_gpm_counters_beside_utilization_or_na_with_the_reason(tmp_path):
     assert not [e for e in events if e["ph"] == "C" and e["pid"] == GPU_PID_BASE and "active" in e["name"]]
     (na,) = [e for e in events if e["ph"] == "i" and e.get("cat") == "gpm"]
     assert na["pid"] == GPU_PID_BASE and na["name"].endswith("N/A: not permitted") and na["args"]["gpm_na"] == "not permitted"
+
+
+def test_stages_and_profile_by_hand(tmp_path):
+    """The hand-computed record of tests/unit/analysis/test_slow_samples.py (waits of 132 ms: 115 made in
+    the worker, 95 of them in order, 17 the hand-over) with two profile events of worker 0: the trace's stage
+    slices, nested in each data wait, sum to those numbers; the profile is a counter of each function's CPU
+    per second between the events, and an instant event with its totals."""
+    from tests.unit.analysis.test_slow_samples import _record
+    _record(tmp_path, fetches_w0=[(0.0, 0.09), (0.09, 0.145)], fetches_w1=[(0.0, 0.02), (0.02, 0.04)],
+            steps=[(0.0, 0.10), (0.11, 0.111), (0.12, 0.15), (0.16, 0.161)])
+    with (tmp_path / "run" / "events" / "11.jsonl").open("a") as f:
+        for t, cpu in ((0.05, 0.04), (0.15, 0.06)):
+            f.write(json.dumps({"kind": "profile", "pid": 11, "t": t, "interval_s": 0.01, "samples": 10, "outside_s": 0.005,
+                                "stacks": [["ds.py:7", "load", None, cpu, 8], ["ds.py:9", "augment", "numpy/x.py:f", 0.001, 1]]}) + "\n")
+    events = validate(write_trace(tmp_path / "run", tmp_path / "t.json"))
+    total = defaultdict(float)
+    for e in events:
+        if e.get("cat") == "stage":
+            total[e["name"]] += e["dur"]
+    assert total["made in the worker"] == pytest.approx(115_000, abs=1)
+    assert total["hand-over"] == pytest.approx(17_000, abs=1)
+    assert total["in order (a later batch already made)"] == pytest.approx(95_000, abs=1)
+    counters = [e for e in events if e["ph"] == "C" and e["name"].startswith("CPU by your code") and e["pid"] == 11]
+    # from the worker's first batch (0.0) to the first profile (0.05): 40 ms of CPU in 50 ms; then 60 in 100
+    assert [round(c["args"]["ds.py:7 load"]) for c in counters] == [800, 600, 0], counters
+    assert counters[0]["args"]["outside your code"] == pytest.approx(100)
+    instant = next(e for e in events if e.get("cat") == "profile")
+    assert instant["pid"] == 11 and instant["name"].startswith("profile: ds.py:7 load") and instant["args"]["cpu_s"]["ds.py:7 load"] == 0.1

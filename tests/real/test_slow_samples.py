@@ -3,6 +3,8 @@ names exactly those indices and their rule, the share of batches holding one, wh
 cost; and the loop's wait is split by stage."""
 from __future__ import annotations
 
+import json
+
 from tests.real.real_run import diagnose, finding, python
 
 SLOW_EVERY, SLOW_AT, BATCH = 101, 37, 16  # tests/real/scripts/slow_samples.py
@@ -50,3 +52,20 @@ def test_the_costly_function_is_named(tmp_path):
     assert e["function"] == "augment" and e["site"].startswith("costly_function.py:"), e
     assert e["cpu_share"] >= 0.5 and e["call"] is None, e
     assert "vectorise the Python loop" in f["recommendation"]
+
+
+def test_the_costly_function_is_named_without_workers(tmp_path):
+    """num_workers=0: the batches are made inside next() on the training thread, profiled there only. The
+    same dataset's `augment` is named; the loop's own step (`train_step`, 20 ms of Python CPU a step beside
+    ~15 ms of batch making) is never filed under the dataset: no sample names it."""
+    diag = diagnose(tmp_path, python("costly_function.py", "--steps", "60", "--workers", "0"), "--warmup", "5")
+    f = finding(diag, "user_code_hotspot")
+    e = f["evidence"]
+    assert e["profiled"] == "next" and e["function"] == "augment" and e["site"].startswith("costly_function.py:"), e
+    assert e["cpu_share"] >= 0.5 and e["call"] is None and e["samples"] >= 20, e
+    assert "training process's CPU inside next(loader)" in f["message"]
+    profiles = [json.loads(line) for p in (tmp_path / "run" / "events").glob("*.jsonl")
+                for line in p.read_text().splitlines() if '"kind": "profile"' in line or '"kind":"profile"' in line]
+    assert profiles and all(p["scope"] == "next" for p in profiles), profiles
+    functions = {row[1] for p in profiles for row in p["stacks"]}
+    assert "train_step" not in functions and "augment" in functions, functions

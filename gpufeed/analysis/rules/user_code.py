@@ -2,7 +2,8 @@
 loop waits for data?
 
 Read from the workers' ``profile`` events (``measure/inside/profiler.py``: CPU samples filed under the
-first frame of the user's own files, with the library call beneath it). The finding names
+first frame of the user's own files, with the library call beneath it); with ``num_workers=0``, from the
+training process's, sampled only while its training thread was inside the loader's ``next()``. The finding names
 ``file:line function``, its share of the workers' CPU, the library call it spends it in, and a fix that
 fits what it is.
 """
@@ -41,12 +42,17 @@ def _fix(call: str | None) -> str:
 
 def user_code_hotspot(ctx: Context) -> Finding | None:
     t = ctx.training
-    if t is None or not t.worker_pids:
+    if t is None:
+        return None
+    # num_workers=0: the batches are made in the training process, sampled inside next() only (scope "next")
+    in_loop = not t.worker_pids
+    pids = t.worker_pids or [t.pid]
+    if in_loop and (ctx.record.profiles.get(t.pid) or {}).get("scope") != "next":
         return None
     functions: dict[tuple[str, str], float] = {}
     calls: dict[tuple[str, str], dict[str | None, float]] = {}
     total, samples = 0.0, 0
-    for pid in t.worker_pids:
+    for pid in pids:
         prof = ctx.record.profiles.get(pid)
         if not prof:
             continue
@@ -68,23 +74,35 @@ def user_code_hotspot(ctx: Context) -> Finding | None:
     call, call_cpu = max(calls[(site, function)].items(), key=lambda kv: kv[1])
     beneath = (f", {fmt(call_cpu / cpu, '.0%')} of it in {call}" if call is not None else
                ", in its own Python code (no library call beneath it)")
-    # The workers' CPU over their fetch time: how much of their time this CPU is (the rest they wait).
-    fetch_wall = fetch_cpu = 0.0
-    for f in ctx.record.fetches:
-        if f.pid in t.worker_pids and len(f.rows):
-            fetch_wall += float((f.rows.t_end - f.rows.t_start).sum())
-            fetch_cpu += float(f.rows.cpu_s[f.rows.cpu_s == f.rows.cpu_s].sum())
-    busy = min(fetch_cpu / fetch_wall, 1.0) if fetch_wall > 0 else None
+    # The workers' CPU over their fetch time: how much of their time this CPU is (the rest they wait);
+    # with num_workers=0 the training thread's CPU over its time in next(), for the batches it was read.
+    wall = cpu_in = 0.0
+    if in_loop:
+        for it in ctx.record.iterators:
+            if t.owns(it) and len(it.steps):
+                s = it.steps
+                read = s.thread_cpu_s == s.thread_cpu_s
+                wall += float((s.t_deliver - s.t_request)[read].sum())
+                cpu_in += float(s.thread_cpu_s[read].sum())
+    else:
+        for f in ctx.record.fetches:
+            if f.pid in t.worker_pids and len(f.rows):
+                wall += float((f.rows.t_end - f.rows.t_start).sum())
+                cpu_in += float(f.rows.cpu_s[f.rows.cpu_s == f.rows.cpu_s].sum())
+    busy = min(cpu_in / wall, 1.0) if wall > 0 else None
     cost = share_in * share * (busy if busy is not None else 1.0)
-    busy_text = f" (the workers were on a CPU {busy:.0%} of their fetch time)" if busy is not None else ""
+    whose = "the training process's CPU inside next(loader) (num_workers=0)" if in_loop else "the DataLoader workers' CPU"
+    busy_text = (f" (the {'training thread was' if in_loop else 'workers were'} on a CPU {busy:.0%} of "
+                 f"{'its time in next()' if in_loop else 'their fetch time'})" if busy is not None else "")
     return Finding(
         id="user_code_hotspot", severity=severity_for(cost), cost_share=cost,
-        message=(f"`{site} {function}` took {share:.0%} of the DataLoader workers' CPU ({fmt(cpu, '.2f')} s of "
+        message=(f"`{site} {function}` took {share:.0%} of {whose} ({fmt(cpu, '.2f')} s of "
                  f"{fmt(total, '.2f')} s sampled{beneath}){busy_text}, while the loop waited for data "
                  f"{share_in:.0%} of the time: that function is what makes a batch expensive."),
         recommendation=f"In {function}() at {site}: {_fix(call)}.",
         evidence={"site": site, "function": function, "call": call, "cpu_s": cpu, "workers_cpu_s": total,
-                  "cpu_share": share, "samples": samples, "worker_cpu_busy_share": busy, "input_share": share_in},
+                  "cpu_share": share, "samples": samples, "worker_cpu_busy_share": busy, "input_share": share_in,
+                  "profiled": "next" if in_loop else "workers"},
         thresholds={"cpu_share": th.USER_CODE_HOTSPOT_SHARE, "samples": th.USER_CODE_MIN_SAMPLES,
                     "input_share": th.DATA_WAIT_SHARE_FLAG},
     )

@@ -171,6 +171,13 @@ def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float
         return
     iterator._gpufeed_state = state
     weakref.finalize(iterator, mark_done, state)
+    if state.training and state.in_process and "offload" not in config:
+        # Its batches are made inside next() on the training thread: sampled there (profiler.py), by a
+        # wrapper on this iterator's _next_data only; __next__'s hot path is unchanged.
+        try:
+            probe.profile_in_loop(iterator)
+        except Exception as error:
+            probe.warn(f"the training process's batches are not profiled: {describe_error(error)}")
     probe.add_iterator(state)
     probe.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
                 t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why, config=config,

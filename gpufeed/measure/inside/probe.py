@@ -47,8 +47,11 @@ class Probe:
 
     def __init__(self, run_dir: str, max_steps: int | None = None, stall_timeout_s: float | None = None,
                  flush_interval_s: float = FLUSH_INTERVAL_S, max_seconds: float | None = None,
-                 warmup_steps: int = 0, first_batch_timeout_s: float | None = None) -> None:
+                 warmup_steps: int = 0, first_batch_timeout_s: float | None = None,
+                 profile_interval_s: float | None = None) -> None:
         self.run_dir = run_dir
+        # The sampling profiler's interval (profiler.py); None: its default; 0: not armed
+        self.profile_interval_s = profile_interval_s
         self.max_steps = max_steps
         self.max_seconds = max_seconds
         self.stall_timeout_s = stall_timeout_s
@@ -78,7 +81,7 @@ class Probe:
     def from_config(cls, config: ProbeConfig) -> "Probe":
         return cls(config.run_dir, max_steps=config.max_steps, stall_timeout_s=config.stall_timeout_s,
                    first_batch_timeout_s=config.first_batch_timeout_s, max_seconds=config.max_seconds,
-                   warmup_steps=config.warmup_steps)
+                   warmup_steps=config.warmup_steps, profile_interval_s=config.profile_interval_s)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _start_in_this_process(self) -> None:
@@ -98,7 +101,10 @@ class Probe:
         # A map-style worker's batch parts (workers._make_map_fetch): the last batch's, until its fetch row
         # files them in part_rows as (t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples, slow).
         self.batch_parts: tuple | None = None
-        self.profiler = None  # a worker's sampling profiler (start_in_worker)
+        # The sampling profiler: a worker's (start_in_worker), or the training process's with num_workers=0
+        # (profile_in_loop); None: not armed
+        self.profiler = None
+        self._loop_profiler_tried = False
         self.part_rows: list[tuple] = []
         self.cuda.forget_copies()  # a forked child's copies are its own
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self.pid}.jsonl"))
@@ -127,7 +133,21 @@ class Probe:
         self._stack_file = lifecycle.stacks_on_sigusr1(self.run_dir, self.pid)
         # Where the worker's time goes, by the user's code: sampled on a timer (profiler.py)
         from gpufeed.measure.inside import profiler
-        self.profiler = profiler.start()
+        if self.profile_interval_s != 0:
+            self.profiler = profiler.start(self.profile_interval_s or profiler.INTERVAL_S)
+
+    def profile_in_loop(self, iterator: Any) -> None:
+        """A training iterator with ``num_workers=0`` (its batches made inside ``next()``): sample this
+        process's CPU while its training thread is inside that iterator's ``next()`` (``profiler.py``'s
+        ``LoopProfiler``). Nothing is added to ``next()`` where this is not called."""
+        from gpufeed.measure.inside import profiler
+        if self.profile_interval_s == 0:
+            return
+        if self.profiler is None and not self._loop_profiler_tried:
+            self._loop_profiler_tried = True  # once per process: a refusal (SIGPROF the script's) stands
+            self.profiler = profiler.start_in_loop(self.profile_interval_s or profiler.INTERVAL_S)
+        if isinstance(self.profiler, profiler.LoopProfiler):
+            self.profiler.watch(iterator)
 
     def _background(self) -> None:
         while not self._stop.wait(self.flush_interval_s):
@@ -188,7 +208,7 @@ class Probe:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
         profile = self.profiler.take() if self.profiler is not None else None
         if profile is not None:
-            lines.append(dict(profile, kind="profile", pid=self.pid))
+            lines.append(dict(profile, kind="profile", pid=self.pid, t=_clock()))
         loop_rows = loop.take_rows()
         if loop_rows:
             lines.append({"kind": "loop", "pid": self.pid, "rows": loop_rows})

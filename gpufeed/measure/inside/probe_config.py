@@ -33,6 +33,9 @@ class ProbeConfig:
     # tf.data settings for the training pipeline (JSON, ``tf_overrides.PipelineOverrides``): tune's
     # trials of a TensorFlow script, ``gpufeed run --config``.
     pipeline_overrides: str | None = _carried("GPUFEED_PIPELINE_OVERRIDES", str)
+    # The sampling profiler's interval in seconds of CPU (workers, and the training process's next()
+    # with num_workers=0; ``profiler.py``); None: its default; 0: off.
+    profile_interval_s: float | None = _carried("GPUFEED_PROFILE_INTERVAL", float)
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that carry the settings that are set."""

@@ -15,6 +15,12 @@ lets go of it), and a wall-clock SIGALRM filed a loaded machine's scheduling del
 next. CPU samples are where the CPU went; a worker's waiting (I/O, sleep) is its fetch rows' wall time
 beyond their CPU time, not filed by function here.
 
+In the training process, where ``num_workers=0`` makes each batch inside ``next()`` on the training thread,
+``LoopProfiler`` samples only while that thread is inside a training loader's ``_next_data`` (the
+sampler's indices, ``dataset[i]``, the collate, pinning): a wrapper on that iterator arms the timer on the
+way in and disarms it on the way out, so the model's step is never sampled nor filed under the dataset. The frames above the wrapper are the training loop's: the
+walk stops there as it stops at the worker loop.
+
 The handler restarts interrupted system calls (``siginterrupt(False)``) and is armed only where the
 worker's SIGPROF was left at its default (a script that profiles itself keeps its own). Time inside C
 code that holds the GIL is filed when it returns, under the frame that called it. The ``profile`` event
@@ -24,16 +30,25 @@ Only the standard library: this runs in the user's process.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
 import sysconfig
+import threading
 import time
 from typing import Any
 
 SIGNAL, TIMER = signal.SIGPROF, signal.ITIMER_PROF
 INTERVAL_S = 0.01  # 100 Hz: bench/worker_fetch.py --profile measures what it costs a worker
 MAX_DEPTH = 64      # frames walked from the innermost
+# The training process (num_workers=0): arming and disarming the timer around a batch costs about 6 us
+# (bench/worker_profile.py --loop), over the probe's 2 us a batch on a batch of microseconds. After a batch
+# that used under LOOP_CHEAP_BATCH_S of CPU, the next LOOP_SKIP_AFTER_CHEAP batches are made unprofiled
+# (about 0.3 us each): 6 us over 8 batches. A batch of 0.5 ms or more pays the 6 us (1.2% at most) and
+# every one is profiled. The profile's shares are of the batches profiled (batches alike: the same code).
+LOOP_CHEAP_BATCH_S = 0.0005
+LOOP_SKIP_AFTER_CHEAP = 7
 # The worker loop's function (torch's and torchdata's): no user frame above it means the worker is between
 # batches; the frames below it are the training process's, copied at the fork.
 WORKER_LOOP = "_worker_loop"
@@ -71,7 +86,15 @@ def _short(filename: str) -> str:
     return filename
 
 
+def _ours(handler: Any) -> bool:
+    """A handler of a Profiler: the training process's ``LoopProfiler``, inherited by a forked worker."""
+    return isinstance(getattr(handler, "__self__", None), Profiler)
+
+
 class Profiler:
+    # Where the walk stops besides the worker loop: the LoopProfiler's wrapper (the training loop above it)
+    _boundary: Any = None
+
     def __init__(self, interval_s: float = INTERVAL_S) -> None:
         self.interval_s = interval_s
         self.stacks: dict[tuple[str, str, str | None], list] = {}  # (site, function, call) -> [cpu_s, samples]
@@ -83,7 +106,7 @@ class Profiler:
 
     def start(self) -> "Profiler | None":
         """Arm the timer, where SIGPROF is the worker's to take; None where it is not."""
-        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
+        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None) and not _ours(signal.getsignal(SIGNAL)):
             return None
         signal.signal(SIGNAL, self._sample)
         signal.siginterrupt(SIGNAL, False)
@@ -120,11 +143,14 @@ class Profiler:
         user frame."""
         below = None
         library = self._files
+        boundary = self._boundary
         for _ in range(MAX_DEPTH):
             if frame is None:
                 return None
             code = frame.f_code
-            if code.co_name == WORKER_LOOP:  # below it: the parent's frames, inherited at the fork
+            # below the worker loop: the parent's frames, inherited at the fork; above the LoopProfiler's
+            # wrapper: the training loop's
+            if code.co_name == WORKER_LOOP or code is boundary:
                 return None
             name = code.co_filename
             is_library = library.get(name)
@@ -158,6 +184,120 @@ class Profiler:
             return None
         return {"interval_s": self.interval_s, "samples": samples, "outside_s": outside,
                 "stacks": [[site, function, call, cpu, n] for (site, function, call), (cpu, n) in stacks.items()]}
+
+
+class LoopProfiler(Profiler):
+    """The training process's profiler where ``num_workers=0``: the timer runs only while the training
+    thread is inside a watched iterator's ``_next_data`` (``watch``), so the model's step is never sampled,
+    and nothing of the profiler runs outside ``next()``.
+
+    Armed on the way in (for what is left of the interval: this thread's CPU inside ``next()`` since the
+    last sample is carried across batches, so batches shorter than the interval are sampled too), disarmed
+    on the way out. A timer left running outside ``next()`` was measured first (0.2 us a batch) and
+    dropped: PyTorch Lightning's teardown gives every signal back to the handler it found at ``fit()``'s
+    start (SIGPROF's default), and the next tick ended a torchrun child with SIGPROF (exit code -27). On the
+    way in the handler is checked to be still ours: a script that took SIGPROF since keeps it.
+
+    A sample files this thread's CPU inside ``next()`` since the previous sample (time in C code that held
+    the GIL across several intervals included)."""
+
+    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+        super().__init__(interval_s)
+        self.active = False          # the training thread is inside a watched _next_data, the timer armed
+        self._carry = 0.0            # CPU inside _next_data since the last sample, before this entry
+        self._entered = 0.0          # this thread's CPU time at this entry (or at the last sample since)
+        self._skip = 0               # batches left to make unprofiled (after a cheap one)
+        self._main = threading.get_ident()
+        self._handler = self._sample  # one bound method: getsignal answers this very object
+        self.watched = 0
+
+    def start(self) -> "LoopProfiler | None":
+        """Install the handler (the timer is armed inside watched batches only); None where SIGPROF is not
+        ours to take, or this is not the main thread (Python runs signal handlers there only)."""
+        if threading.get_ident() != threading.main_thread().ident:
+            return None
+        if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None):
+            return None
+        signal.signal(SIGNAL, self._handler)
+        signal.siginterrupt(SIGNAL, False)
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        """Disarm the timer and give SIGPROF back, where the handler is still ours."""
+        try:
+            if signal.getsignal(SIGNAL) is self._handler:
+                signal.setitimer(TIMER, 0)
+                signal.signal(SIGNAL, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+
+    def watch(self, iterator: Any) -> bool:
+        """Sample while the training thread is inside this iterator's ``_next_data`` (an instance
+        attribute: other iterators, and ``__next__``'s hot path, are unchanged)."""
+        next_data = getattr(iterator, "_next_data", None)
+        if next_data is None:
+            return False
+        getsignal, handler, get_ident, main = signal.getsignal, self._handler, threading.get_ident, self._main
+        setitimer, thread_time, interval = signal.setitimer, time.thread_time, self.interval_s
+        cheap, skip = LOOP_CHEAP_BATCH_S, LOOP_SKIP_AFTER_CHEAP
+
+        def _next_data():
+            left = self._skip
+            if left:  # after a cheap batch (LOOP_SKIP_AFTER_CHEAP)
+                self._skip = left - 1
+                return next_data()
+            # Not sampled: re-entered, another thread, or SIGPROF no longer ours (stopped, or taken since)
+            if self.active or get_ident() != main or getsignal(SIGNAL) is not handler:
+                return next_data()
+            self._entered = entered = thread_time()
+            self.active = True
+            setitimer(TIMER, max(interval - self._carry, 0.0001), interval)
+            try:
+                return next_data()
+            finally:
+                setitimer(TIMER, 0)
+                self.active = False
+                now = thread_time()
+                self._carry += now - self._entered
+                if now - entered < cheap:
+                    self._skip = skip
+
+        Profiler._boundary = _next_data.__code__  # one code object for every wrapper: the walk stops there
+        iterator._next_data = _next_data
+        self.watched += 1
+        return True
+
+    def _sample(self, _signum: int, frame: Any) -> None:
+        if not self.active:  # delivered after the pause: its CPU is in _carry, filed by the next sample
+            return
+        cpu = time.thread_time()
+        dcpu = max(self._carry + cpu - self._entered, 0.0)
+        self._carry, self._entered = 0.0, cpu
+        self.samples += 1
+        key = self._file(frame)
+        if key is None:
+            self.outside_s += dcpu
+            return
+        cell = self.stacks.get(key)
+        if cell is None:
+            cell = self.stacks[key] = [0.0, 0]
+        cell[0] += dcpu
+        cell[1] += 1
+
+    def take(self) -> dict[str, Any] | None:
+        out = super().take()
+        if out is not None:
+            out["scope"] = "next"  # the training thread inside next(), not a worker
+        return out
+
+
+def start_in_loop(interval_s: float = INTERVAL_S) -> LoopProfiler | None:
+    """In the training process, at its first training iterator with ``num_workers=0``."""
+    try:
+        return LoopProfiler(interval_s).start()
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def start(interval_s: float = INTERVAL_S) -> Profiler | None:

@@ -1,6 +1,7 @@
 """A dataset whose cost sits in one named function among several: each sample is read (a short sleep),
 decoded (about 1 ms of CPU), then augmented by `augment`, a pure-Python loop over its values (about 2 ms),
-and normalised; the test asserts the profile names `augment`."""
+and normalised; the test asserts the profile names `augment` (made in workers, or with --workers 0 inside
+the training loop's next(), where the loop's own step, `train_step`, must not be filed under the dataset)."""
 import argparse
 import time
 
@@ -38,9 +39,23 @@ class Costly(Dataset):
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=120)
+parser.add_argument("--workers", type=int, default=2)  # 0: the batches made inside next(), in this process
 args = parser.parse_args()
-loader = DataLoader(Costly(), batch_size=16, num_workers=2)  # LOADER
+loader = DataLoader(Costly(), batch_size=16, num_workers=args.workers)  # LOADER
+
+
+def train_step(x: torch.Tensor) -> float:
+    """The model's step: CPU of the training thread outside next(), never the dataset's."""
+    end, acc = time.thread_time() + 0.02, 0.0
+    while time.thread_time() < end:
+        acc += sum(v * 0.5 for v in range(50))
+    return acc
+
+
 for step, (x, y) in enumerate(loader):
-    time.sleep(0.005)
+    if args.workers:
+        time.sleep(0.005)
+    else:
+        train_step(x)
     if step + 1 >= args.steps:
         break

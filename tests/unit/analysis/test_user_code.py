@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import time
 
 import pytest
 
@@ -84,3 +85,60 @@ def test_library_files_are_not_the_users():
     assert profiler._library(profiler.__file__)
     assert profiler._library("/x/lib/python3.11/site-packages/PIL/Image.py")
     assert not profiler._library(__file__)
+
+
+class _Iter:
+    """An iterator whose batches are made inside next() (num_workers=0): _next_data is the dataset's work."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def _next_data(self):
+        return _busy_user_function(self.seconds)
+
+
+def _model_step(seconds: float) -> float:
+    end, x = time.thread_time() + seconds, 0.0
+    while time.thread_time() < end:
+        x += sum(math.sqrt(i) for i in range(200))
+    return x
+
+
+@pytest.mark.skipif(not hasattr(profiler.signal, "setitimer"), reason="no interval timers")
+def test_loop_profiler_samples_only_inside_next():
+    """num_workers=0: the training thread's CPU inside the watched iterator's next() is filed under the
+    dataset's function; the model's step between batches (as much CPU again) is neither sampled nor filed."""
+    p = profiler.start_in_loop(0.005)
+    assert p is not None
+    it = _Iter(0.01)
+    try:
+        assert p.watch(it)
+        for _ in range(30):
+            it._next_data()
+            _model_step(0.01)
+    finally:
+        p.stop()
+    assert profiler.signal.getsignal(profiler.SIGNAL) == profiler.signal.SIG_DFL
+    taken = p.take()
+    assert taken["scope"] == "next" and taken["samples"] >= 15, taken
+    functions = {fn for _s, fn, *_ in taken["stacks"]}
+    assert "_model_step" not in functions and "_busy_user_function" in functions, taken
+    filed = sum(cpu for *_x, cpu, _n in taken["stacks"]) + taken["outside_s"]
+    # the CPU filed is the time inside next() (30 x 10 ms), not the steps' beside it
+    assert 0.2 <= filed <= 0.4, taken
+    # after stop, the wrapper makes batches without arming anything
+    it._next_data()
+    assert profiler.signal.getitimer(profiler.TIMER) == (0.0, 0.0)
+
+
+def test_a_worker_forked_from_a_profiled_loop_takes_sigprof_over():
+    """A worker forked while the training process's LoopProfiler holds SIGPROF arms its own profiler."""
+    loop_profiler = profiler.start_in_loop(0.01)
+    assert loop_profiler is not None
+    try:
+        worker = profiler.start(0.01)
+        assert worker is not None
+        worker.stop()
+    finally:
+        loop_profiler.stop()
+    assert profiler.signal.getsignal(profiler.SIGNAL) == profiler.signal.SIG_DFL
