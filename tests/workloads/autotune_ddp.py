@@ -23,12 +23,6 @@ from torch.utils.data import DataLoader  # noqa: E402
 from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 
-class WithIndex(common.SyntheticDataset):
-    def __getitem__(self, i):
-        x, y = super().__getitem__(i)
-        return x, y, i
-
-
 def main(argv=None):
     p = common.base_parser(__doc__.splitlines()[0], epochs=3, steps_per_epoch=60, batch_size=8, workers=1)
     p.add_argument("--sleep-ms", type=float, default=2.0)
@@ -42,7 +36,7 @@ def main(argv=None):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     common.seed_everything(args.seed)
-    ds = WithIndex(args.steps_per_epoch * args.batch_size * world, sleep_s=args.sleep_ms / 1000.0, seed=args.seed)
+    ds = common.WithIndex(args.steps_per_epoch * args.batch_size * world, sleep_s=args.sleep_ms / 1000.0, seed=args.seed)
     sampler = DistributedSampler(ds, world, rank, shuffle=True, seed=args.seed)
     loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
     if args.python_api:

@@ -17,12 +17,6 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 
-class WithIndex(common.SyntheticDataset):
-    def __getitem__(self, i):
-        x, y = super().__getitem__(i)
-        return x, y, i
-
-
 def main(argv=None):
     p = common.base_parser(__doc__.splitlines()[0], epochs=3, steps_per_epoch=60, batch_size=8, workers=1)
     p.add_argument("--sleep-ms", type=float, default=2.0)
@@ -32,7 +26,7 @@ def main(argv=None):
     p.add_argument("--period-s", type=float, default=0.5)
     args = p.parse_args(argv)
     common.seed_everything(args.seed)
-    train_ds = WithIndex(args.steps_per_epoch * args.batch_size, sleep_s=args.sleep_ms / 1000.0,
+    train_ds = common.WithIndex(args.steps_per_epoch * args.batch_size, sleep_s=args.sleep_ms / 1000.0,
                          fft_rounds=args.fft_rounds, seed=args.seed)
     train = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
     val = DataLoader(common.SyntheticDataset(4 * args.batch_size, seed=1), batch_size=args.batch_size)

@@ -133,6 +133,14 @@ class SyntheticDataset(Dataset):
         return self.load(index)
 
 
+class WithIndex(SyntheticDataset):
+    """A sample with its index: the tests read which indices each batch delivered."""
+
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return x, y, i
+
+
 def tensor_dataset(n: int, dim: int = DIM, num_classes: int = NUM_CLASSES, seed: int = 0):
     """A cheap in-memory TensorDataset with the same class structure."""
     ds = SyntheticDataset(n, dim=dim, num_classes=num_classes, seed=seed)

@@ -127,6 +127,10 @@ class Profiler:
         cpu = time.thread_time()
         dcpu = max(cpu - self._last, 0.0)
         self._last = cpu
+        self._add(frame, dcpu)
+
+    def _add(self, frame: Any, dcpu: float) -> None:
+        """One sample: the CPU since the last one, filed under the user's frame it interrupted."""
         self.samples += 1
         key = self._file(frame)
         if key is None:
@@ -274,16 +278,7 @@ class LoopProfiler(Profiler):
         cpu = time.thread_time()
         dcpu = max(self._carry + cpu - self._entered, 0.0)
         self._carry, self._entered = 0.0, cpu
-        self.samples += 1
-        key = self._file(frame)
-        if key is None:
-            self.outside_s += dcpu
-            return
-        cell = self.stacks.get(key)
-        if cell is None:
-            cell = self.stacks[key] = [0.0, 0]
-        cell[0] += dcpu
-        cell[1] += 1
+        self._add(frame, dcpu)
 
     def take(self) -> dict[str, Any] | None:
         out = super().take()
