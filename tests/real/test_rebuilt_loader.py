@@ -31,7 +31,12 @@ def test_a_loader_rebuilt_every_epoch_is_one_site_and_the_finding_says_build_it_
     f = finding(diag, "loader_rebuilt")
     assert f["evidence"]["loaders_built"] == 6 and f["evidence"]["site"] == train_site
     assert "built anew 6 times" in f["message"] and "persistent_workers=True cannot help" in f["message"]
-    assert "Build it once, before the epoch loop" in f["recommendation"] and train_site in f["recommendation"]
+    # The fix, or where the model puts its gain within the run's noise, the self-check's word that no
+    # change is offered (issue 31.5): either way at the training loader's site.
+    rec = f["recommendation"]
+    assert train_site in rec
+    assert "Build it once, before the epoch loop" in rec or (
+        "No DataLoader change is offered" in rec and "within this run's noise" in rec), rec
     assert not any(x["id"] == "worker_restart" for x in diag["findings"]), "advice that changes nothing"
     # Start-up every epoch is a real loss, whatever dominates on a loaded machine (the step sleeps 4 ms).
     assert diag["costs"]["input"] >= 0.05 and f["cost_share"] >= 0.05
