@@ -17,6 +17,10 @@ SCRIPT = "tf_train.py"
 # TensorFlow's Python code around the iterator op in next() (eager dispatch, packing the element):
 # 0.6 ms per batch measured on the 2-core test machine; the loop waits for it, the trace does not.
 PYTHON_ITERATOR_S = 0.003
+# TensorFlow's trace is on the wall clock, mapped to the record's monotonic clock by one offset read
+# when the profiler starts (gpufeed/measure/inside/tf_trace.py): the VM's wall clock can drift from
+# the monotonic one during a run (seen on CI: 1.7 ms), so containment holds within this much.
+CLOCK_MAPPING_S = 0.005
 
 
 def _ids(diag: dict) -> set[str]:
@@ -68,7 +72,7 @@ def test_custom_loop_with_tf_function_and_steps_limit(tmp_path, monkeypatch):
     assert len(traced) == 35
     outside_op = []
     for (t_request, t_deliver), (_, trace_request, trace_deliver, samples, _) in zip(script_rows, traced):
-        assert t_request <= trace_request <= trace_deliver <= t_deliver
+        assert t_request - CLOCK_MAPPING_S <= trace_request <= trace_deliver <= t_deliver + CLOCK_MAPPING_S
         assert samples == 16
         outside_op.append((t_deliver - t_request) - (trace_deliver - trace_request))
     # After the warm-up (the first next() starts the profiler); the median, as a busy machine may
