@@ -17,9 +17,10 @@ SCRIPT = "tf_train.py"
 # TensorFlow's Python code around the iterator op in next() (eager dispatch, packing the element):
 # 0.6 ms per batch measured on the 2-core test machine; the loop waits for it, the trace does not.
 PYTHON_ITERATOR_S = 0.003
-# TensorFlow's trace is on the wall clock, mapped to the record's monotonic clock by one offset read
-# when the profiler starts (gpufeed/measure/inside/tf_trace.py): the VM's wall clock can drift from
-# the monotonic one during a run (seen on CI: 1.7 ms), so containment holds within this much.
+# TensorFlow's trace is on the wall clock, mapped to the record's monotonic clock by the offset read
+# when the profiler starts and when it stops, interpolated between (tf_trace.ClockMap): a drift that
+# is not linear over the run (CI once saw 1.7 ms with one reading) is what is left, so containment
+# holds within this much.
 CLOCK_MAPPING_S = 0.005
 
 

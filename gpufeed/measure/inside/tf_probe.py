@@ -63,16 +63,16 @@ class TfWait:
     worker_pids: list[int] = field(default_factory=list)
 
 
-def unix_to_clock_offset_s(tries: int = 16) -> float:
-    """``time.time() - _clock()``, from the bracketed read with the shortest bracket: one unlucky
-    preemption between two plain reads would shift every traced wait by milliseconds."""
-    best_gap, best = float("inf"), 0.0
+def unix_to_clock_offset_s(tries: int = 16) -> tuple[float, float]:
+    """``(time.time(), time.time() - _clock())``, from the bracketed read with the shortest bracket: one
+    unlucky preemption between two plain reads would shift every traced wait by milliseconds."""
+    best_gap, best = float("inf"), (0.0, 0.0)
     for _ in range(tries):
         before = _clock()
         unix = time.time()
         after = _clock()
         if after - before < best_gap:
-            best_gap, best = after - before, unix - (before + after) / 2
+            best_gap, best = after - before, (unix, unix - (before + after) / 2)
     return best
 
 
@@ -83,7 +83,7 @@ class TfProbe:
         self.steps_started = 0
         self.t_profile: float | None = None     # when the profiler started; None before
         self.finished = False
-        self.unix_to_clock_s = unix_to_clock_offset_s()
+        self.clock_at_start: tuple[float, float] | None = None  # (unix, unix - clock) at the profiler's start
         self.logdir = os.path.join(run_dir, PROFILE_DIR, str(os.getpid()))
         self.pipelines: list[dict[str, Any]] = []          # one per dataset object seen
         self._pipeline_of: dict[int, int] = {}              # id(dataset) -> index in pipelines
@@ -188,6 +188,7 @@ class TfProbe:
     def _start_profiler(self) -> None:
         import tensorflow as tf
         self.t_profile = _clock()
+        self.clock_at_start = unix_to_clock_offset_s()
         try:
             options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=1, python_tracer_level=0,
                                                                device_tracer_level=0)
@@ -214,7 +215,8 @@ class TfProbe:
             if path is None:
                 raise FileNotFoundError(f"the profiler wrote no trace under {self.logdir}")
             with open(path, "rb") as f:
-                traces = tf_trace.read_xspace(f.read(), self.unix_to_clock_s)
+                traces = tf_trace.read_xspace(f.read(), tf_trace.ClockMap(*self.clock_at_start,
+                                                                         *unix_to_clock_offset_s()))
             self._record(traces)
         except Exception as error_:
             error = f"{type(error_).__name__}: {error_}"[:300]

@@ -12,8 +12,8 @@ and whose ``name`` is the pipeline as TensorFlow runs it, after its graph rewrit
 ``fused(MapDataset:1,BatchDatasetV2:2)``), with the autotune budgets it ran under.
 
 The XSpace protobuf classes ship with TensorFlow (``tensorflow.tsl.profiler.protobuf``): nothing
-else is needed. Times in the trace are nanoseconds of wall-clock time; the caller passes the offset
-to the record's monotonic clock.
+else is needed. Times in the trace are nanoseconds of wall-clock time; the caller passes the ``ClockMap`` to
+the record's monotonic clock.
 """
 from __future__ import annotations
 
@@ -53,9 +53,27 @@ def _stats(event: Any, names: dict[int, str]) -> dict[str, Any]:
     return out
 
 
-def read_xspace(data: bytes, unix_to_clock_s: float) -> list[IteratorTrace]:
-    """The iterators of one trace, with their waits on the record's clock
-    (``clock = unix - unix_to_clock_s``). Iterators are in order of their first GetNext."""
+@dataclass(frozen=True)
+class ClockMap:
+    """Wall-clock (unix) seconds to the record's monotonic clock, from two readings of their offset
+    (``unix - clock``), one when the profiler started and one when it stopped: between them the offset
+    moves linearly (NTP slews the wall clock; a run saw 1.7 ms of drift), so a trace time is mapped with
+    the offset interpolated at that time. With one reading, or outside the two, the nearer offset holds."""
+    unix_a: float
+    offset_a: float
+    unix_b: float | None = None
+    offset_b: float | None = None
+
+    def to_clock(self, unix: float) -> float:
+        if self.unix_b is None or self.offset_b is None or self.unix_b <= self.unix_a:
+            return unix - self.offset_a
+        share = min(max((unix - self.unix_a) / (self.unix_b - self.unix_a), 0.0), 1.0)
+        return unix - (self.offset_a + share * (self.offset_b - self.offset_a))
+
+
+def read_xspace(data: bytes, clock: ClockMap) -> list[IteratorTrace]:
+    """The iterators of one trace, with their waits on the record's clock (``clock.to_clock``).
+    Iterators are in order of their first GetNext."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2  # the user's TensorFlow
 
     space = xplane_pb2.XSpace()
@@ -98,8 +116,8 @@ def read_xspace(data: bytes, unix_to_clock_s: float) -> list[IteratorTrace]:
                                                              dict(root or {}))
                 for stage, values in stages.items():
                     trace.stages.setdefault(stage, values)
-                t0 = (base_ns + begin_ps / 1000.0) / 1e9 - unix_to_clock_s
-                t1 = (base_ns + end_ps / 1000.0) / 1e9 - unix_to_clock_s
+                t0 = clock.to_clock((base_ns + begin_ps / 1000.0) / 1e9)
+                t1 = clock.to_clock((base_ns + end_ps / 1000.0) / 1e9)
                 trace.waits.append((t0, t1))
     for trace in by_root.values():
         trace.waits.sort()
