@@ -94,6 +94,9 @@ class LoaderSettings:
     pin_memory: bool | None = None
     batch_size: int | None = None
     worker_threads: int | None = None   # cap on threads inside each worker (torch and thread pools)
+    # False: batches handed over as soon as any worker has one (torch >= 2.6); tried only where the user
+    # allows reordering (tune --allow-reorder): the order of batches is given up (REORDER_NOTE)
+    in_order: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -103,7 +106,8 @@ class LoaderSettings:
         """Build from JSON; raises ``ValueError`` naming an unknown key or a wrong type."""
         if not isinstance(data, dict):
             raise ValueError(f"{where} must be a JSON object, got {type(data).__name__}")
-        types = {f.name: (bool if f.name in ("persistent_workers", "pin_memory") else int) for f in fields(cls)}
+        types = {f.name: (bool if f.name in ("persistent_workers", "pin_memory", "in_order") else int)
+                 for f in fields(cls)}
         for key, value in data.items():
             if key not in types:
                 raise ValueError(f"unknown DataLoader setting {key!r} in {where} "
@@ -137,6 +141,8 @@ class LoaderSettings:
             parts.append("pinned")
         if workers:
             parts += threads
+        if self.in_order is False:
+            parts.append("unordered")
         if self.batch_size is not None:
             parts.append(f"b{self.batch_size}")
         return " ".join(parts) or "as is"
@@ -147,8 +153,15 @@ class LoaderSettings:
         parts = [f"prefetch {self.prefetch_factor}" if self.prefetch_factor is not None else None,
                  "persistent" if self.persistent_workers else None,
                  "pin_memory" if self.pin_memory else None,
-                 f"{self.worker_threads} threads/worker" if self.worker_threads is not None else None]
+                 f"{self.worker_threads} threads/worker" if self.worker_threads is not None else None,
+                 "out of order" if self.in_order is False else None]
         return " · ".join(p for p in parts if p) or "the script's own"
+
+
+# What in_order=False gives up, said wherever gpufeed tries or applies it (tune, best-config.json, --autotune).
+REORDER_NOTE = ("in_order=False (reordering allowed by --allow-reorder): batches arrive in a different order than "
+                "the sampler's (each epoch still delivers the same set of samples, each once), and runs are no "
+                "longer bit-for-bit reproducible")
 
 
 AUTOTUNE = -1  # tf.data.AUTOTUNE: TensorFlow picks the value itself, and keeps adjusting it
@@ -328,6 +341,8 @@ class AutotuneSettings:
     # Under several ranks: how long a rank waits for the others at a decision's exchange before it
     # goes back to your settings (``autotune/ranks.py``)
     sync_timeout_s: float | None = None
+    # --allow-reorder: the search may try in_order=False (where it measures in-order delivery's cost)
+    allow_reorder: bool | None = None
 
     def options(self) -> dict[str, Any]:
         """The controller's keyword options that are set."""

@@ -17,7 +17,14 @@ For each matched step with a wait ``[t_request, t_deliver]``:
   prefetch_factor`` ahead) was already made: with ``in_order=False`` torch would have handed that
   one over instead (head-of-line blocking; MinatoLoader, EuroSys 2026);
 - **hand-over**: after its fetch ended (the batch in the worker's queue, pickled, received, unpickled
-  from shared memory and, with ``pin_memory``, pinned by the pin thread).
+  from shared memory, the pin thread busy with another batch), less its pinning;
+- **pinning**: with ``pin_memory``, the part of the wait while its own batch was being pinned (its
+  ``pins`` row). The pin thread pins batches in the order they come from the workers: the first
+  epoch's batches in the order their fetches ended are matched to its rows in order, and the match is
+  checked like the worker match (a batch pinned before it was made, or delivered before it was
+  pinned, is a wrong match). With ``num_workers=0`` the batch is pinned inside ``next()``: the row
+  inside the step's wait, and the rest of the wait is the batch made there. None (N/A) where no row
+  was matched: nothing pinned (a CPU-only torch pins nothing), or the match failed.
 
 Slow samples: a sample slower than ``SLOW_SAMPLE_FACTOR`` × the median sample (and at least
 ``SLOW_SAMPLE_MIN_S``), from each batch's slowest ones as the worker named them.
@@ -49,7 +56,8 @@ class BatchAnalysis:
     samples_share: float | None = None       # ... of which reading samples (dataset[i])
     collate_share: float | None = None       # ... of which collate_fn
     in_order_share: float | None = None      # ... of which a later batch was already made
-    handover_share: float | None = None      # after its fetch ended
+    handover_share: float | None = None      # after its fetch ended, less its pinning
+    pinning_share: float | None = None       # while its batch was pinned (None: no pinning row matched)
     # Samples
     batches: int = 0                         # batches with their samples timed
     samples: int = 0
@@ -68,20 +76,32 @@ class BatchAnalysis:
 
     def sentence(self, data_wait_share: float | None, copy_share: float | None = None) -> str | None:
         """"of the 40% wait, 30 points the worker making the batch (27 reading samples, 3 collating),
-        4 in order behind a slower batch, 8 the hand-over; 2 the copy to the GPU"; None where not split."""
-        if self.wait_share is None or self.worker_share is None:
+        4 in order behind a slower batch, 6 the hand-over, 2 pinning; 2 the copy to the GPU"; None where
+        not split. With num_workers=0: "of the 40% wait, 12 points pinning the batch, 28 making it inside
+        next()"."""
+        if self.wait_share is None:
             return None
         pts = lambda share: f"{share * 100:.0f}"  # noqa: E731
-        inside = []
-        if self.samples_share is not None and self.collate_share is not None:
-            inside += [f"{pts(self.samples_share)} reading samples", f"{pts(self.collate_share)} collating"]
-        if self.in_order_share:
-            inside.append(f"{pts(self.in_order_share)} of them in order, a later batch already made")
-        text = (f"of the {data_wait_share * 100 if data_wait_share is not None else self.wait_share * 100:.0f}% wait, "
-                f"{pts(self.worker_share)} points the worker making the batch"
-                + (f" ({'; '.join(inside)})" if inside else "")
-                + f", {pts(self.handover_share)} the hand-over (after the batch was made: the worker's queue, "
-                f"pickling, the pipe or shared memory, unpickling{', pinning' if self.pin_memory else ''}, waking the loop)")
+        wait = f"of the {data_wait_share * 100 if data_wait_share is not None else self.wait_share * 100:.0f}% wait, "
+        if self.worker_share is None:  # num_workers=0: only pinning is told apart
+            if self.pinning_share is None:
+                return None
+            text = (wait + f"{pts(self.pinning_share)} points pinning the batch (pin_memory), "
+                    f"{pts(self.wait_share - self.pinning_share)} making it inside next()")
+        else:
+            inside = []
+            if self.samples_share is not None and self.collate_share is not None:
+                inside += [f"{pts(self.samples_share)} reading samples", f"{pts(self.collate_share)} collating"]
+            if self.in_order_share:
+                inside.append(f"{pts(self.in_order_share)} of them in order, a later batch already made")
+            # pinning named apart where measured; else still inside the hand-over
+            pin_inside = self.pin_memory and self.pinning_share is None
+            text = (wait + f"{pts(self.worker_share)} points the worker making the batch"
+                    + (f" ({'; '.join(inside)})" if inside else "")
+                    + f", {pts(self.handover_share)} the hand-over (after the batch was made: the worker's queue, "
+                    f"pickling, the pipe or shared memory, unpickling{', pinning' if pin_inside else ''}, waking the loop)")
+            if self.pinning_share is not None:
+                text += f", {pts(self.pinning_share)} pinning (pin_memory)"
         if copy_share is not None:
             text += f"; {pts(copy_share)} the copy to the GPU"
         if self.steps_matched < self.steps_in_window:
@@ -99,6 +119,14 @@ class BatchAnalysis:
         d["slow"] = [[i, s] for i, s in self.slow[:th.SLOW_SAMPLES_NAMED]]
         d["slow_indices"] = self.slow_indices[:th.SLOW_SAMPLES_NAMED]
         return d
+
+
+def in_order_gain(in_order_share: float | None) -> float | None:
+    """What ``in_order=False`` predicts at most: the in-order part of the time gone, 1 / (1 - share)
+    (bench/in_order.py: 1.09x predicted, 1.07x measured); None where nothing was measured."""
+    if in_order_share is None or not 0 < in_order_share < 1:
+        return None
+    return 1 / (1 - in_order_share)
 
 
 class Made(NamedTuple):
@@ -146,13 +174,28 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
+class Step(NamedTuple):
+    """One step of an iterator's first epoch matched to its batch (``matched_steps``)."""
+
+    index: int
+    t_request: float
+    t_deliver: float
+    start: float | None     # its batch's fetch (None: the batch is not in the record)
+    end: float | None
+    ready: float            # the earliest fetch end of a later batch in flight (inf: none)
+    parts: BatchParts | None  # its worker's batch parts
+    pin: Made | None = None   # its batch's pinning (None: not pinned, or not matched)
+
+
 def analyze(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> BatchAnalysis | None:
     if training is None or not m.wall_s or m.window_start_t is None or m.window_end_t is None:
         return None
-    its = [it for it in record.iterators if training.owns(it) and len(it.worker_pids) >= 1 and len(it.steps)
-           and it.config.offload is None]
+    owned = [it for it in record.iterators if training.owns(it) and len(it.steps) and it.config.offload is None]
+    its = [it for it in owned if len(it.worker_pids) >= 1]
     if not its:
-        return None
+        # num_workers=0: the batch is made and pinned inside next(); only pinning is told apart
+        pinned = [it for it in owned if not it.worker_pids and len(it.pins)]
+        return _split_in_process(pinned, m) if pinned else None
     out = BatchAnalysis(workers=its[0].config.num_workers, prefetch_factor=its[0].config.prefetch_factor or 2,
                         pin_memory=its[0].config.pin_memory)
     _samples(record, its, m, out)
@@ -160,12 +203,32 @@ def analyze(record: RunRecord, training: LoaderSummary | None, m: Metrics) -> Ba
     return out
 
 
-def matched_steps(record: RunRecord, it: IteratorRecord) -> Iterator[tuple]:
-    """Each step of the iterator's first epoch matched to its worker's batch, where the match holds:
-    (index, t_request, t_deliver, t_start, t_end, ready, parts) with ``t_start``/``t_end`` the batch's
-    fetch, ``ready`` the earliest fetch end of a later batch in flight (inf: none), ``parts`` its worker's
-    batch parts (or None). A step whose batch is not in the record gives ``t_start`` None. Nothing where
-    the match fails (``MATCH_MAX_LATE_SHARE``)."""
+def _pins_matched(it: IteratorRecord, workers: list[tuple[list[Made], BatchParts | None]], t_deliver: dict[int, float],
+                  first_epoch_end: float) -> dict[int, Made]:
+    """Each first-epoch batch's pinning (index -> its ``pins`` row's start and end): the batches in the
+    order their fetches ended against the pin thread's rows in order. Empty where the match fails: more
+    than ``MATCH_MAX_LATE_SHARE`` of the batches taken pinned before they were made or delivered before
+    they were pinned."""
+    pins = it.pins
+    if not len(pins):
+        return {}
+    pins = pins[pins.t_start < first_epoch_end]
+    n = len(workers)
+    made = sorted(((r.end, k * n + w) for w, (rows, _p) in enumerate(workers) for k, r in enumerate(rows)
+                   if r.end < first_epoch_end))
+    out = {i: Made(float(a), float(b)) for (_end, i), a, b in zip(made, pins.t_start, pins.t_end)}
+    ends = dict((i, end) for end, i in made)
+    taken = [i for i in out if i in t_deliver]
+    wrong = [i for i in taken if out[i].start < ends[i] - th.MATCH_SLACK_S or out[i].end > t_deliver[i] + th.MATCH_SLACK_S]
+    if not taken or len(wrong) > th.MATCH_MAX_LATE_SHARE * len(taken):
+        return {}
+    return out
+
+
+def matched_steps(record: RunRecord, it: IteratorRecord) -> Iterator[Step]:
+    """Each step of the iterator's first epoch matched to its worker's batch, where the match holds
+    (``Step``), with its pinning where the pins match too. A step whose batch is not in the record gives
+    ``start`` None. Nothing where the match fails (``MATCH_MAX_LATE_SHARE``)."""
     if len(it.worker_pids) < 1 or not len(it.steps) or it.config.offload is not None:
         return
     workers = _fetches_by_worker(record, it)
@@ -174,7 +237,8 @@ def matched_steps(record: RunRecord, it: IteratorRecord) -> Iterator[tuple]:
     n = len(workers)
     ahead = n * (it.config.prefetch_factor or 2)
     steps = it.steps
-    first_epoch = np.asarray(steps.t_request) < (it.epoch_starts[0] if it.epoch_starts else math.inf)
+    first_epoch_end = it.epoch_starts[0] if it.epoch_starts else math.inf
+    first_epoch = np.asarray(steps.t_request) < first_epoch_end
     idx = np.asarray(steps.index).astype(int)
 
     def row(i: int) -> Made | None:  # each step's batch: when its worker made it, or None
@@ -187,23 +251,48 @@ def matched_steps(record: RunRecord, it: IteratorRecord) -> Iterator[tuple]:
     late = [i for i in ok if made[i].end > steps.t_deliver[np.searchsorted(idx, i)] + th.MATCH_SLACK_S]
     if not ok or len(late) > th.MATCH_MAX_LATE_SHARE * len(ok):
         return
+    delivered = {int(i): float(t) for i, t in zip(idx[first_epoch], np.asarray(steps.t_deliver)[first_epoch])}
+    pins = _pins_matched(it, workers, delivered, first_epoch_end)
     for pos in np.flatnonzero(first_epoch):
         i = int(idx[pos])
         t_req, t_del = float(steps.t_request[pos]), float(steps.t_deliver[pos])
         r = made.get(i)
         if r is None:
-            yield i, t_req, t_del, None, None, math.inf, None
+            yield Step(i, t_req, t_del, None, None, math.inf, None)
             continue
         later = [made[j].end for j in range(i + 1, i + ahead) if made.get(j) is not None]
-        yield i, t_req, t_del, r.start, r.end, float(min(later, default=math.inf)), workers[i % n][1]
+        yield Step(i, t_req, t_del, r.start, r.end, float(min(later, default=math.inf)), workers[i % n][1], pins.get(i))
+
+
+def _split_in_process(its: list[IteratorRecord], m: Metrics) -> BatchAnalysis | None:
+    """num_workers=0 with pinning: each step's wait, and of it the pinning row inside it (made on the
+    training thread inside next(), so a row inside the step's wait is its batch's)."""
+    out = BatchAnalysis(workers=0, pin_memory=True)
+    wait = pinning = 0.0
+    matched = in_window = 0
+    for it in its:
+        starts, ends = np.asarray(it.pins.t_start), np.asarray(it.pins.t_end)
+        for t_req, t_del in zip(np.asarray(it.steps.t_request), np.asarray(it.steps.t_deliver)):
+            if not (m.window_start_t <= t_req and t_del <= m.window_end_t):
+                continue
+            in_window += 1
+            k = int(np.searchsorted(starts, t_req))
+            if k < len(starts) and ends[k] <= t_del:
+                matched += 1
+                wait += t_del - t_req
+                pinning += ends[k] - starts[k]
+    out.steps_matched, out.steps_in_window = matched, in_window
+    if matched:
+        out.wait_share, out.pinning_share = wait / m.wall_s, pinning / m.wall_s
+    return out
 
 
 def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchAnalysis) -> None:
-    waits = dict(worker=0.0, samples=0.0, collate=0.0, in_order=0.0, handover=0.0, wait=0.0)
-    slow_wait, matched, in_window = 0.0, 0, 0
+    waits = dict(worker=0.0, samples=0.0, collate=0.0, in_order=0.0, handover=0.0, pinning=0.0, wait=0.0)
+    slow_wait, matched, in_window, pinned = 0.0, 0, 0, 0
     bar = out.slow_bar_s
     for it in its:
-        for _i, t_req, t_del, start, end, ready, part_rows in matched_steps(record, it):
+        for _i, t_req, t_del, start, end, ready, part_rows, pin in matched_steps(record, it):
             if not (m.window_start_t <= t_req and t_del <= m.window_end_t):
                 continue
             in_window += 1
@@ -214,7 +303,11 @@ def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchA
             waits["wait"] += wait
             in_worker = _overlap(t_req, t_del, -math.inf, end)
             waits["worker"] += in_worker
-            waits["handover"] += wait - in_worker
+            # its pinning lies after its fetch ended: out of the hand-over
+            pin_s = _overlap(t_req, t_del, pin.start, pin.end) if pin is not None else 0.0
+            pinned += pin is not None
+            waits["pinning"] += pin_s
+            waits["handover"] += wait - in_worker - pin_s
             parts = _parts_of(part_rows, start)
             made_s = end - start
             if parts is not None and made_s > 0:
@@ -236,6 +329,7 @@ def _split(record: RunRecord, its: list[IteratorRecord], m: Metrics, out: BatchA
     out.collate_share = waits["collate"] / wall if out.samples_share is not None else None
     out.in_order_share = waits["in_order"] / wall
     out.handover_share = waits["handover"] / wall
+    out.pinning_share = waits["pinning"] / wall if pinned else None
     out.slow_wait_share = slow_wait / wall if bar is not None else None
 
 

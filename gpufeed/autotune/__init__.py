@@ -37,7 +37,7 @@ def distributed_refusal() -> str | None:
 
 def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: float | None = None,
              min_batches: int | None = None, max_workers: int | None = None,
-             sync_timeout_s: float | None = None) -> Any:
+             sync_timeout_s: float | None = None, allow_reorder: bool | None = None) -> Any:
     """An iterable that behaves like ``loader`` (``len()``, its attributes, every epoch's batches in
     a plain run's order) and tunes its settings while the training runs. Under several ranks
     (torchrun), every rank switches before the same batch with the same settings, decided by rank 0
@@ -62,7 +62,7 @@ def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: f
     if log is None and probe is not None:
         log = probe.event
     given = {k: v for k, v in (("period_s", period_s), ("min_batches", min_batches),
-                               ("max_workers", max_workers)) if v is not None}
+                               ("max_workers", max_workers), ("allow_reorder", allow_reorder)) if v is not None}
     world = ranks_env.world_size() or 1
     if world <= 1:
         switching.controller = Controller(switching, log=log, **given)
@@ -72,7 +72,7 @@ def autotune(loader: Any, *, log: Callable[..., None] | None = None, period_s: f
     controller = None
     if rank == 0:
         controller = Controller(switching, log=log, node_ranks=ranks_env.local_world_size() or 1, **given)
-    timing = {k: v for k, v in given.items() if k != "max_workers"}
+    timing = {k: v for k, v in given.items() if k not in ("max_workers", "allow_reorder")}
     if sync_timeout_s is not None:
         timing["sync_timeout_s"] = sync_timeout_s
     switching.controller = Coordinator(switching, rank, world, controller=controller, log=log, **timing)

@@ -42,7 +42,7 @@ from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
 from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
-from gpufeed.settings import random_stream_note
+from gpufeed.settings import REORDER_NOTE, random_stream_note
 from gpufeed.tune.result import FAILED, OK, TrialRun
 
 # The event's ``action``s (docs/run-record.md).
@@ -135,8 +135,9 @@ class Controller:
                  period_s: float = th.TUNE_TRIAL_SECONDS, min_batches: int = th.AUTOTUNE_PERIOD_MIN_BATCHES,
                  cpu_count: int | None = None, max_workers: int | None = None,
                  memory: HostMemory | None = None, clock: Callable[[], float] = time.perf_counter,
-                 node_ranks: int = 1) -> None:
+                 node_ranks: int = 1, allow_reorder: bool = False) -> None:
         self.loader = loader
+        self.allow_reorder = allow_reorder  # --allow-reorder: in_order=False may be tried (and is said)
         loader.listener = self
         self.period_s = period_s
         self.min_batches = min_batches
@@ -288,7 +289,7 @@ class Controller:
         # No confirming pairs live: going back to your settings mid-training would cost the run itself;
         # the watch that follows keeps measuring the winner against what the search saw.
         search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers,
-                                       confirm_pairs=0)
+                                       confirm_pairs=0, allow_reorder=self.allow_reorder)
         try:
             result = search.run()
         except BaselineFailed as error:
@@ -300,7 +301,8 @@ class Controller:
                    user_samples_per_s=result.baseline.samples_per_s, speedup=result.speedup, noise=result.noise,
                    trials=len(result.trials), periods=sum(len(t.runs) for t in result.trials),
                    stopped=result.stopped,
-                   random_stream=random_stream_note(start.num_workers, best.num_workers))
+                   random_stream=random_stream_note(start.num_workers, best.num_workers),
+                   reorder=_reorder_said(result.reorder, best))
         self._measure(best, "the search's winner")  # switched to at once, and measured once more
         return best, result.best.samples_per_s, result.noise
 
@@ -411,3 +413,16 @@ def _cpu_times(pids: list[int]) -> dict[int, float]:
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def _reorder_said(reorder: dict | None, best: LoaderSettings) -> str | None:
+    """What --autotune says of reordering: what in_order=False costs where it settled on it; where it was
+    allowed and not tried, why (a live period measures no in-order delivery: ``gpufeed tune --allow-reorder``
+    does); None where reordering was not allowed."""
+    if best.in_order is False:
+        return REORDER_NOTE
+    if not (reorder or {}).get("allowed"):
+        return None
+    return ("reordering allowed (--allow-reorder), in_order=False not tried: "
+            + ("it lost" if reorder.get("tried") else "a live period does not measure what in-order delivery costs; "
+               "gpufeed tune --allow-reorder does"))

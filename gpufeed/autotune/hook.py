@@ -75,7 +75,7 @@ def describe(event: dict[str, Any]) -> str | None:
     if action == "settled":
         speedup = event.get("speedup")
         gain = f", {speedup - 1:+.0%} against your settings" if speedup else ""
-        stream = f"; {event['random_stream']}" if event.get("random_stream") else ""
+        stream = "".join(f"; {event[k]}" for k in ("random_stream", "reorder") if event.get(k))
         return f"settled on {event['label']}{gain} after {event['periods']} periods{stream}"
     if action in ("refused", "hold"):
         return f"{action}: {event['why']}"

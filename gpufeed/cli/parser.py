@@ -119,6 +119,13 @@ def _add_autotune_option(p: argparse.ArgumentParser) -> None:
                         "delivered exactly once (docs/autotune.md)")
 
 
+def _add_reorder_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-reorder", action="store_true",
+                   help="let the search try in_order=False (torch >= 2.6) where in-order delivery costs time: "
+                        "batches then arrive in a different order than the sampler's (each epoch's samples "
+                        "unchanged) and runs are no longer bit-for-bit reproducible")
+
+
 def _port(text: str) -> int:
     value = _whole(text, "a TCP port (1-65535)")
     if not 0 < value < 65536:
@@ -165,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_path, metavar="DIR",
                    help="tune directory: trials, tune.json, best-config.json (default ./gpufeed-runs/<timestamp>-tune-<name>/)")
     p.add_argument("--json", type=_path, metavar="FILE", help="also write the result (tune.json) to FILE")
+    _add_reorder_option(p)
     add_report_option(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
@@ -194,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                        usage="gpufeed run [--config FILE] [--autotune] [--offload ray [--ray-address ADDR]] -- CMD [ARGS...]")
     p.add_argument("--config", type=_path, metavar="FILE", help="settings file written by gpufeed tune")
     _add_autotune_option(p)
+    _add_reorder_option(p)  # with --autotune
     add_offload_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from rich.console import Console
@@ -82,7 +83,7 @@ def tune(command: list[str], args: argparse.Namespace, console: Console) -> int:
     if out is None:
         return EXIT_USAGE
     options = TuneOptions(command=command, out=out, budget_s=args.budget, seconds=args.trial_seconds,
-                          warmup_steps=args.warmup, max_workers=args.max_workers,
+                          warmup_steps=args.warmup, max_workers=args.max_workers, allow_reorder=args.allow_reorder,
                           stall_timeout_s=args.stall_timeout)
     console.print(f"Tuning the training input pipeline (DataLoader or tf.data) of: {' '.join(command)}",
                   highlight=False)
@@ -259,8 +260,17 @@ def _loader_env(args: argparse.Namespace) -> dict[str, str]:
                          "DataLoader's workers; offload first, then tune the Ray workers' count by hand")
     if offload is not None:
         return offload.to_env()
+    if not autotune:
+        if getattr(args, "allow_reorder", False):
+            raise ValueError("--allow-reorder goes with --autotune (or gpufeed tune): it lets the search try in_order=False")
+        return {}
     # Autotune options already in the environment (docs/autotune.md) are kept.
-    return {ENV_AUTOTUNE: os.environ.get(ENV_AUTOTUNE, "").strip() or "1"} if autotune else {}
+    text = os.environ.get(ENV_AUTOTUNE, "").strip() or "1"
+    if getattr(args, "allow_reorder", False):
+        from gpufeed.settings import AutotuneSettings, env_of
+        given = AutotuneSettings.from_json(text) or AutotuneSettings()
+        return env_of(dataclasses.replace(given, allow_reorder=True))
+    return {ENV_AUTOTUNE: text}
 
 
 def _offload_refused(error: ValueError) -> int:

@@ -77,7 +77,7 @@ def profile_view(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
 
 # The stacked bar's stages, in the order a batch passes them, with their colours
 STAGE_COLORS = {"samples": "#d62728", "collate": "#ff7f0e", "worker": "#e377c2", "handover": "#9467bd",
-                "copy": "#1f77b4", "rest": "#c3c8ce"}
+                "pinning": "#17becf", "copy": "#1f77b4", "rest": "#c3c8ce"}
 
 
 def stages_view(d: Diagnosis) -> dict[str, Any] | None:
@@ -95,7 +95,10 @@ def stages_view(d: Diagnosis) -> dict[str, Any] | None:
     else:
         parts.append(("worker", "the worker making the batch", b.worker_share))
     parts.append(("handover", "the hand-over (queue, pickling, shared memory, unpickling"
-                              + (", pinning" if b.pin_memory else "") + ")", b.handover_share or 0.0))
+                              + (", pinning" if b.pin_memory and b.pinning_share is None else "") + ")",
+                  b.handover_share or 0.0))
+    if b.pinning_share is not None:  # measured apart (its pins rows); N/A stays out of the bar
+        parts.append(("pinning", "pinning (pin_memory: the batch copied into page-locked memory)", b.pinning_share))
     copy = d.costs.get("transfer") if isinstance(d.costs, dict) else None
     if copy is not None:
         parts.append(("copy", "the copy to the GPU (in the step)", copy))

@@ -11,8 +11,9 @@ switch, with an instant event per switch and where it settled.
 
 Inside the batches (issue 35): each data wait of a loader with workers is split, nested inside it, into
 the batch being made in its worker (and, nested in that, the time a later batch was already made: in
-order) and its hand-over, where the step is matched to its batch (``analysis/batches.py``'s
-``matched_steps``). The sampling profiler's CPU by the user's code is a counter on each profiled process
+order) and its hand-over (and, nested in that, its batch's pinning, where torch pinned it and the pin
+row matched), where the step is matched to its batch (``analysis/batches.py``'s ``matched_steps``).
+The sampling profiler's CPU by the user's code is a counter on each profiled process
 (a worker, or the training process with ``num_workers=0``): each function's CPU per second since the
 profile before, its top functions and the rest, and an instant event at its last profile with the
 process's totals.
@@ -145,9 +146,9 @@ def _workers(record: RunRecord, us: Any) -> Iterator[Event]:
 
 def _stages(record: RunRecord, us: Any) -> Iterator[Event]:
     """Each matched data wait split, nested inside it: made in the worker (in order nested in that), then
-    the hand-over."""
+    the hand-over (its batch's pinning nested in that)."""
     for it in record.iterators:
-        for index, t_req, t_del, start, end, ready, _parts in matched_steps(record, it):
+        for index, t_req, t_del, start, end, ready, _parts, pin in matched_steps(record, it):
             if start is None:
                 continue
             args = {"index": index, "loader": it.loader_id}
@@ -163,6 +164,11 @@ def _stages(record: RunRecord, us: Any) -> Iterator[Event]:
             if t_del > max(t_req, end):
                 yield {"ph": "X", "cat": "stage", "name": "hand-over", "pid": it.pid, "tid": it.pid,
                        "ts": us(max(t_req, end)), "dur": max(0.0, us(t_del) - us(max(t_req, end))), "args": args}
+                if pin is not None and min(t_del, pin.end) > max(t_req, end, pin.start):
+                    yield {"ph": "X", "cat": "stage", "name": "pinning", "pid": it.pid, "tid": it.pid,
+                           "ts": us(max(t_req, end, pin.start)),
+                           "dur": max(0.0, us(min(t_del, pin.end)) - us(max(t_req, end, pin.start))),
+                           "args": dict(args, pin_started_us=us(pin.start), pin_ended_us=us(pin.end))}
 
 
 # Functions a profile counter names (the rest summed as "other"): Perfetto draws each as a series

@@ -125,6 +125,14 @@ def tune_view(result: TuneResult, out_dir: Path | None = None) -> list[Renderabl
     if stream:
         notes.append(stream)
     notes += [n for n in (result.memory_note(),) if n]
+    reorder = result.reorder or {}
+    if reorder.get("allowed"):  # said whether or not it was tried, and what it costs where it won
+        notes.append(result.reorder_note() or ("reordering allowed (--allow-reorder): in_order=False "
+                                               + ("was tried and lost" if reorder.get("tried") else
+                                                  "was not tried: in-order delivery cost no more than the noise")))
+    hint = result.reorder_hint()
+    if hint:
+        notes.append(hint)
     if result.stopped == "budget":
         notes.append(f"the budget of {result.budget_s:.0f} s ran out: the search stopped early")
     elif result.stopped == "interrupted":

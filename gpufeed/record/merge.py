@@ -85,6 +85,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
         it.t_created += dt
         it.t_ready += dt
         it.steps.shift(dt)
+        it.pins.shift(dt)
         it.epoch_starts = [t + dt for t in it.epoch_starts]
         it.epoch_ends = [(a + dt, b + dt) for a, b in it.epoch_ends]
     for f in r.fetches:

@@ -22,8 +22,8 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.record import pools, schema, validate
-from gpufeed.record.rows import (BatchParts, CudaRows, FetchRows, H2dRows, LoopRows, OtherRow, PartRows, ProcRow,
-                                 SlowSample, StepRows)
+from gpufeed.record.rows import (BatchParts, CudaRows, FetchRows, H2dRows, LoopRows, OtherRow, PartRows, PinRows,
+                                 ProcRow, SlowSample, StepRows)
 
 
 class RecordError(Exception):
@@ -56,6 +56,11 @@ class IteratorRecord:
     samples_from: str | None = None      # how the probe counted samples (docs/run-record.md)
     samples_unknown: str | None = None   # why some batches' samples could not be counted
     torch_threads: int | None = None     # the creating process's torch.get_num_threads(); None in older records
+    # The thread that pinned its batches (None: nothing pinned, or an older record), and the rows of
+    # batches pinned on that thread in time order (with num_workers=0 the training thread's: every
+    # loader it iterates)
+    pin_thread: int | None = None
+    pins: PinRows = field(default_factory=lambda: PinRows.of([]))
     # The worker pools --autotune switched between inside this iteration, each as recorded (first
     # the one created here); empty when one pool made it (``record/pools.py``).
     pools: list["IteratorRecord"] = field(default_factory=list)
@@ -291,6 +296,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
     h2d_rows: list = []
     loop_rows: dict[int, list] = {}
     part_rows: dict[int, tuple[list, list]] = {}
+    pin_rows: dict[int, list] = {}
     profiles: dict[int, dict[str, Any]] = {}
     event_files = sorted((run_dir / schema.EVENTS_DIR).glob("*.jsonl"))
     for path in event_files:
@@ -316,6 +322,8 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 f["rows"].extend(ev.get("rows", []))
             elif kind == "h2d":
                 h2d_rows.extend(ev.get("rows", []))
+            elif kind == "pins":
+                pin_rows.setdefault(pid, []).extend(ev.get("rows", []))
             elif kind == "loop":
                 loop_rows.setdefault(pid, []).extend(ev.get("rows", []))
             elif kind == "stall":
@@ -385,9 +393,14 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
         warnings.append(f"no {schema.EVENTS_DIR}/ folder: nothing was recorded inside the command")
 
     iterator_records = []
+    pins_by_pid = {pid: PinRows.of(rows) for pid, rows in pin_rows.items()}
     for key, ev in sorted(iterators.items(), key=lambda kv: kv[1].get("t_created", 0.0)):
         steps = StepRows.of(step_rows.get(key, []))
         steps = steps[np.argsort(steps.index, kind="stable")]
+        pin_thread = ev.get("pin_thread") if isinstance(ev.get("pin_thread"), int) else None
+        pins = pins_by_pid.get(ev["pid"], PinRows.of([]))
+        pins = pins[pins.thread == pin_thread] if pin_thread is not None else PinRows.of([])
+        pins = pins[np.argsort(pins.t_start, kind="stable")]
         iterator_records.append(IteratorRecord(
             pid=ev["pid"], iter_id=ev["iter_id"], loader_id=ev.get("loader_id", 0),
             t_created=ev["t_created"], t_ready=ev.get("t_ready", ev["t_created"]),
@@ -398,6 +411,7 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
             role=ev.get("role"), role_why=ev.get("role_why"),
             samples_from=ev.get("samples_from"), samples_unknown=unknown.get(key),
             torch_threads=ev.get("torch_threads") if isinstance(ev.get("torch_threads"), int) else None,
+            pin_thread=pin_thread, pins=PinRows.of(pins),
         ))
     autotune.sort(key=lambda ev: ev["t"])
     iterator_records = pools.file_pools(iterator_records, autotune)

@@ -183,6 +183,17 @@ class PartRows(Rows):
     samples = column("samples")
 
 
+class PinRows(Rows):
+    """``pins`` rows: one batch pinned, on which thread, when, and its bytes (``schema.PIN_COLUMNS``)."""
+
+    COLUMNS = schema.PIN_COLUMNS
+    TIMES = ("t_start", "t_end")
+    thread = column("thread")
+    t_start = column("t_start")
+    t_end = column("t_end")
+    bytes = column("bytes")
+
+
 SlowSample = namedtuple("SlowSample", schema.SLOW_COLUMNS)  # a slow sample named in its batch's part row
 
 

@@ -23,7 +23,9 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``iterator``  pid, iter_id, loader_id (one per DataLoader object, never reused), t_created, t_ready,
               worker_pids, role ("train" or "eval"; absent in older records), role_why (its evidence),
               config (LoaderConfig fields), samples_from (how its batches' samples are counted:
-              docs/run-record.md), torch_threads (the creating process's torch.get_num_threads())
+              docs/run-record.md), torch_threads (the creating process's torch.get_num_threads()),
+              pin_thread (the native id of the thread that pins its batches: its pin thread, or the
+              training thread with num_workers=0; null where nothing is pinned; absent in older records)
 ``epoch``     pid, iter_id, t: a persistent-worker iterator was reset for a new epoch
 ``steps``     pid, iter_id, rows of [index, t_request, t_deliver, samples, cpu_s, thread_cpu_s]; cpu_s
               is the process CPU time inside next() for one batch in 8 when num_workers=0 (the batch
@@ -61,6 +63,10 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``batch_parts`` pid, rows of [t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples]
               (PART_COLUMNS), slow of [t_start, index, seconds]: a map-style DataLoader worker's batches
               with each dataset[i] call timed (its slowest samples named, only the tail)
+``pins``      pid, rows of [thread, t_start, t_end, bytes] (PIN_COLUMNS): each batch torch pinned
+              (pin_memory=True with an accelerator), timed around the module-level pin_memory() of
+              torch.utils.data._utils.pin_memory; thread: the native id of the thread that pinned it (an
+              iterator's ``pin_thread``); bytes: the pinned tensors' (measure/inside/pinning.py)
 ``profile``   pid, interval_s, samples, outside_s, stacks of [site, function, call, cpu_s, samples]: a DataLoader
               worker's CPU by the user's own code since its last flush (measure/inside/profiler.py)
 ``shm``       pid, t, path, free_b, total_b, batch_b, tensors, sharing_strategy, worker_id: once per DataLoader
@@ -119,6 +125,7 @@ FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 # ``batch_parts`` rows: a map-style worker's batch (its ``fetches`` row has the same t_start): the time in
 # its dataset[i] calls, in collate_fn, its slowest and its median sample, and its samples.
 PART_COLUMNS = ("t_start", "samples_s", "collate_s", "sample_max_s", "sample_p50_s", "samples")
+PIN_COLUMNS = ("thread", "t_start", "t_end", "bytes")  # ``pins`` rows: one batch pinned
 SLOW_COLUMNS = ("t_start", "index", "seconds")  # a batch_parts event's ``slow`` rows
 PROFILE_STACK_COLUMNS = ("site", "function", "call", "cpu_s", "samples")  # a profile event's ``stacks`` rows
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")

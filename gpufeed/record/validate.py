@@ -100,7 +100,8 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
                                "local_rank": int | None, "world_size": int | None, "torch_version": str | None,
                                "t": float | None, "host": str | None}),
     "iterator": ({"pid": int, "iter_id": int, "t_created": float, "config": dict},
-                 {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None, "torch_threads": int | None}),
+                 {"loader_id": int, "t_ready": float, "worker_pids": list[int] | None, "torch_threads": int | None,
+                  "pin_thread": int | None}),
     "epoch": ({"pid": int, "iter_id": int, "t": float}, {}),
     "epoch_end": ({"pid": int, "iter_id": int, "t_request": float, "t": float}, {}),
     "steps": ({"pid": int, "iter_id": int, "rows": _rows(len(schema.STEP_COLUMNS), 3)}, {}),  # index, t_request, t_deliver
@@ -114,6 +115,7 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),
     "memory": ({"pid": int}, {"t": float | None}),
     "profile": ({"pid": int, "samples": int}, {"interval_s": float | None, "outside_s": float | None, "stacks": list | None}),
+    "pins": ({"pid": int, "rows": _rows(len(schema.PIN_COLUMNS), 3)}, {}),  # thread, t_start, t_end
     "batch_parts": ({"pid": int, "rows": _rows(len(schema.PART_COLUMNS), 1)}, {"slow": list | None}),
     "shm": ({"pid": int, "t": float}, {"free_b": int | None, "total_b": int | None, "batch_b": int | None,
                                       "tensors": int | None, "worker_id": int | None, "path": str | None,

@@ -43,6 +43,7 @@ class NotTunable(Exception):
 class TuneOptions(TrialOptions):
     budget_s: float | None = None
     max_workers: int | None = None
+    allow_reorder: bool = False  # --allow-reorder: the search may try in_order=False
 
 
 class CommandTrials(TrialRunner):
@@ -161,7 +162,7 @@ def tune_command(options: TuneOptions, on_trial: Callable[[Trial], None] | None 
                                 max_workers=options.max_workers, on_trial=on_trial)
     else:
         search = Search(measure, baseline, cpus, budget_s=options.budget_s, max_workers=options.max_workers,
-                        on_trial=on_trial)
+                        on_trial=on_trial, allow_reorder=options.allow_reorder)
     result = search.run(command=options.command, site=trials.site)
     result.target, result.training_config = trials.target, trials.training_config
     result.elapsed_s = time.monotonic() - t0

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from gpufeed.settings import CONFIG_FORMAT
 from gpufeed.measure.inside.tf_overrides import TUNABLE_OPS
-from gpufeed.settings import AUTOTUNE, LoaderSettings, PipelineSettings, random_stream_note
+from gpufeed.settings import AUTOTUNE, REORDER_NOTE, LoaderSettings, PipelineSettings, random_stream_note
 from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 from gpufeed.units import human_bytes
 
@@ -120,7 +120,7 @@ def config_dict(settings: LoaderSettings | PipelineSettings) -> dict[str, Any]:
         return settings.config_dict()
     return {"num_workers": settings.num_workers, "prefetch_factor": settings.prefetch_factor,
             "persistent_workers": settings.persistent_workers, "pin_memory": settings.pin_memory,
-            "worker_threads": settings.worker_threads}
+            "worker_threads": settings.worker_threads, "in_order": settings.in_order}
 
 
 @dataclass
@@ -143,6 +143,9 @@ class TuneResult:
     # Host memory capped the worker ladder (``memory_cap.workers_that_fit``): {"workers": the most it climbed to,
     # "worker_private_b", "available_b", "total_b", "measured_workers"}; None: it did not.
     memory_cap: dict | None = None
+    # What tune did about in_order=False (``Search._reorder``): {"allowed", "tried", "in_order_share",
+    # "predicted"}; None in older tune.json files and for tf.data.
+    reorder: dict | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -170,6 +173,7 @@ class TuneResult:
             "trials": [t.to_dict() for t in self.trials],
             "noise": self.noise, "budget_s": self.budget_s, "elapsed_s": round(self.elapsed_s, 3),
             "stopped": self.stopped, "confirmation": self.confirmation, "memory_cap": self.memory_cap,
+            "reorder": self.reorder,
         }
         return out
 
@@ -184,7 +188,8 @@ class TuneResult:
                    trials=trials, noise=doc.get("noise"), budget_s=doc.get("budget_s"),
                    elapsed_s=doc.get("elapsed_s"), stopped=doc.get("stopped"),
                    confirmation=doc.get("confirmation") if isinstance(doc.get("confirmation"), dict) else None,
-                   memory_cap=doc.get("memory_cap") if isinstance(doc.get("memory_cap"), dict) else None)
+                   memory_cap=doc.get("memory_cap") if isinstance(doc.get("memory_cap"), dict) else None,
+                   reorder=doc.get("reorder") if isinstance(doc.get("reorder"), dict) else None)
 
     @property
     def framework(self) -> str:
@@ -202,7 +207,7 @@ class TuneResult:
         which = {k: v for k, v in self.target.to_dict().items() if k in ("stack", "role", "origin")} if self.target else {}
         return {"format": CONFIG_FORMAT, "framework": "pytorch", "site": self.site, **which, "settings": self.best.settings.to_dict(),
                 "samples_per_s": self.best.samples_per_s, "speedup": self.speedup, "command": self.command,
-                "note": self.stream_note()}
+                "note": "; ".join(n for n in (self.stream_note(), self.reorder_note()) if n) or None}
 
     def memory_note(self) -> str | None:
         """Why the worker ladder stopped where host memory did, or None."""
@@ -212,6 +217,21 @@ class TuneResult:
         return (f"host memory: no more than {c['workers']} workers tried, each taking up to "
                 f"{human_bytes(c['worker_private_b'])} of private memory, with {human_bytes(c['available_b'])} of "
                 f"{human_bytes(c['total_b'])} available while {c['measured_workers']} ran")
+
+    def reorder_note(self) -> str | None:
+        """What the winner gives up where it is in_order=False (``REORDER_NOTE``), or None."""
+        best = self.best.settings if self.best is not None else None
+        return REORDER_NOTE if getattr(best, "in_order", None) is False else None
+
+    def reorder_hint(self) -> str | None:
+        """Without --allow-reorder, where the winner's run measured in-order delivery costing more than
+        the noise: what --allow-reorder would let tune try, with its predicted gain; else None."""
+        r = self.reorder or {}
+        if r.get("allowed") or r.get("predicted") is None:
+            return None
+        return (f"in-order delivery cost {r['in_order_share']:.0%} of the time in the winner's run: "
+                f"--allow-reorder would let tune try in_order=False (predicted up to {r['predicted']:.2f}x), if the "
+                "job tolerates batches in a different order than the sampler's")
 
     def stream_note(self) -> str | None:
         """What the winner changes beyond speed against the configuration it was tuned from (the
@@ -239,6 +259,8 @@ def dataloader_kwargs(settings: LoaderSettings) -> dict[str, Any]:
         kwargs["persistent_workers"] = settings.persistent_workers
     if settings.pin_memory is not None:
         kwargs["pin_memory"] = settings.pin_memory
+    if settings.in_order is not None and settings.num_workers:
+        kwargs["in_order"] = settings.in_order
     return kwargs
 
 

@@ -18,7 +18,9 @@ grid, the search:
    help nor than the host's memory holds (``memory_cap.py``);
 4. refines next to the peak, on the side of its better neighbour; tries no workers at all when the
    best run kept every core busy (workers then only add their own cost);
-5. tries deeper prefetch when the best configuration still waits for data, pinned memory with CUDA;
+5. tries deeper prefetch when the best configuration still waits for data, pinned memory with CUDA,
+   and ``in_order=False`` only where the user allows reordering (``allow_reorder``, ``--allow-reorder``)
+   and the in-order cost the best run measured predicts a gain beyond the noise (``reorder_gain``);
    an improvement climbs the ladder again from there;
 6. repeats the contenders within the noise of the best, and among ties takes the cheapest (fewer
    workers, smaller prefetch: less memory and start-up);
@@ -36,6 +38,7 @@ import time
 from typing import Callable
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.batches import in_order_gain
 from gpufeed.analysis.rules.facts import workers_asleep
 from gpufeed.analysis.whatif import fed_workers
 from gpufeed.settings import LoaderSettings
@@ -59,8 +62,9 @@ class _Stop(Exception):
 
 
 def cheapness(settings: LoaderSettings) -> tuple:
-    """Order among tied configurations: fewer workers, smaller prefetch, fewer changes."""
-    return (settings.num_workers or 0, settings.prefetch_factor or 0, bool(settings.persistent_workers),
+    """Order among tied configurations: in order (reordering costs determinism), fewer workers, smaller
+    prefetch, fewer changes."""
+    return (settings.in_order is False, settings.num_workers or 0, settings.prefetch_factor or 0, bool(settings.persistent_workers),
             bool(settings.pin_memory), settings.worker_threads is not None)
 
 
@@ -68,7 +72,7 @@ def normalise(settings: LoaderSettings) -> LoaderSettings:
     """One spelling per configuration: no prefetch/persistence/thread cap without workers."""
     if not settings.num_workers:
         return dataclasses.replace(settings, num_workers=0, prefetch_factor=None, persistent_workers=False,
-                                   worker_threads=None)
+                                   worker_threads=None, in_order=None)
     if settings.prefetch_factor is None:
         return dataclasses.replace(settings, prefetch_factor=2)  # torch's default with workers
     return settings
@@ -78,8 +82,11 @@ class Search:
     def __init__(self, measure: Measure, baseline: LoaderSettings, cpu_count: int, *,
                  budget_s: float | None = None, max_workers: int | None = None,
                  on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS, memory_available: MemoryReading | None = None):
+                 confirm_pairs: int = th.TUNE_CONFIRM_PAIRS, memory_available: MemoryReading | None = None,
+                 allow_reorder: bool = False):
         self.measure = measure
+        # in_order=False is tried only where the user allows reordering (--allow-reorder)
+        self.allow_reorder = allow_reorder
         self.memory_available = memory_available or available_in_run
         # Where host memory capped the worker ladder: ``memory_cap.workers_that_fit``'s answer; else None.
         self.memory_cap: dict | None = None
@@ -124,7 +131,29 @@ class Search:
         return TuneResult(command=list(command or []), site=site, baseline=baseline, best=best,
                           trials=sorted((t for t in self.trials.values() if t.runs), key=lambda t: t.id),
                           noise=self.noise, budget_s=self.budget_s, elapsed_s=self.clock() - self._t0,
-                          stopped=stopped, confirmation=self._confirmation, memory_cap=self.memory_cap)
+                          stopped=stopped, confirmation=self._confirmation, memory_cap=self.memory_cap,
+                          reorder=self._reorder(best) if isinstance(best.settings, LoaderSettings) else None)
+
+    def _reorder(self, best: Trial) -> dict:
+        """What tune did about in_order=False, for its summary and tune.json: {"allowed", "tried" (a trial
+        with it ran), "in_order_share" and "predicted" (the in-order cost the winner's run measured and the
+        gain it predicts, where beyond the noise; else None)}."""
+        gain = self.reorder_gain(best)
+        tried = any(t.settings.in_order is False and t.runs for t in self.trials.values())
+        return {"allowed": self.allow_reorder, "tried": tried,
+                "in_order_share": gain[0] if gain else None, "predicted": gain[1] if gain else None}
+
+    def reorder_gain(self, trial: Trial) -> tuple[float, float] | None:
+        """(in-order share, predicted speedup) where ``trial``'s run measured in-order delivery costing
+        more than the noise (the what-if bound of giving the order up, ``in_order_gain``); else None."""
+        if not trial.ok or not trial.settings.num_workers or trial.settings.in_order is False or trial.diagnosis is None:
+            return None
+        # autotune's live facts carry no batches: in-order delivery is not measured there
+        share = getattr(getattr(trial.diagnosis, "batches", None), "in_order_share", None)
+        gain = in_order_gain(share)
+        if gain is None or gain - 1 <= self.noise:
+            return None
+        return share, gain
 
     def _confirm(self, baseline: Trial, best: Trial) -> Trial:
         """The winner against yours in alternated pairs of runs (``confirm.py``)."""
@@ -406,6 +435,10 @@ class Search:
         diag = self.best.diagnosis
         if diag is not None and diag.metrics.cuda_used and not self.best.settings.pin_memory:
             yield "pinned memory: batches go to CUDA", {"pin_memory": True}
+        reorder = self.reorder_gain(self.best) if self.allow_reorder else None
+        if reorder is not None:
+            yield (f"out of order (--allow-reorder): in-order delivery cost {reorder[0]:.0%} of the time "
+                   f"(predicted up to {reorder[1]:.2f}x)", {"in_order": False})
 
     def _settle_ties(self) -> None:
         """Measure each contender within the noise of the best at least twice before choosing (a best

@@ -69,3 +69,18 @@ def test_the_costly_function_is_named_without_workers(tmp_path):
     assert profiles and all(p["scope"] == "next" for p in profiles), profiles
     functions = {row[1] for p in profiles for row in p["stacks"]}
     assert "train_step" not in functions and "augment" in functions, functions
+
+
+def test_pinning_is_na_where_torch_pinned_nothing(tmp_path):
+    """pin_memory=True on a torch without an accelerator: torch turns pinning off, no batch is pinned, and
+    the split's pinning is N/A (null), never 0; the hand-over keeps its whole share. (Where torch pins, on
+    a GPU machine: bench/gpu_check.py's pinning control.)"""
+    import pytest
+    import torch
+    if torch.accelerator.is_available():
+        pytest.skip("torch pins here: the N/A case needs a torch without an accelerator")
+    diag = diagnose(tmp_path, python("slow_samples.py", "--steps", "80", "--pin"), "--warmup", "5")
+    split = diag["batches"]
+    assert split["pin_memory"] is True and split["pinning_share"] is None, split
+    assert abs(split["worker_share"] + split["handover_share"] - split["wait_share"]) < 1e-9
+    assert "pinning (pin_memory)" not in diag["wait_by_stage"]

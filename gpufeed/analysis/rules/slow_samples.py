@@ -9,6 +9,7 @@ hands over instead, at the cost of the batches' order.
 from __future__ import annotations
 
 from gpufeed import thresholds as th
+from gpufeed.analysis.batches import in_order_gain
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
 from gpufeed.analysis.rules.wording import change
@@ -31,7 +32,8 @@ def _torch_version(ctx: Context) -> tuple[int, int] | None:
 
 
 def _up_to(share: float | None) -> str:
-    return f"up to {1 / (1 - share):.2f}x" if share is not None and 0 < share < 1 else "not predicted"
+    gain = in_order_gain(share)  # the same bound for any share of the time that goes
+    return f"up to {gain:.2f}x" if gain is not None else "not predicted"
 
 
 def slow_samples(ctx: Context) -> Finding | None:

@@ -50,6 +50,16 @@ class WorkerThreadCap:
             cv2.setNumThreads(self.threads)
 
 
+def _accepts_in_order() -> bool:
+    """Whether this torch's DataLoader takes ``in_order`` (torch >= 2.6)."""
+    import inspect
+    from torch.utils.data import DataLoader
+    try:
+        return "in_order" in inspect.signature(DataLoader.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, Any], dict[str, str]]:
     """The DataLoader keywords with ``settings`` applied; a dict of what was refused and why.
 
@@ -73,6 +83,13 @@ def apply(kwargs: dict[str, Any], settings: LoaderSettings) -> tuple[dict[str, A
         out.update(WITHOUT_WORKERS)
     if settings.pin_memory is not None:
         out["pin_memory"] = settings.pin_memory
+    if settings.in_order is not None:
+        if not workers:
+            pass  # without workers batches come in order anyway: nothing to set
+        elif not _accepts_in_order():
+            refused["in_order"] = "this torch's DataLoader has no in_order (it came with torch 2.6)"
+        else:
+            out["in_order"] = settings.in_order
     if settings.batch_size is not None:
         if out.get("batch_sampler") is not None:
             refused["batch_size"] = "the script passes its own batch_sampler, which fixes the batch size"

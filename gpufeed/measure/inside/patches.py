@@ -12,6 +12,8 @@ batch is covered:
 - ``_BaseDataLoaderIter._reset``: a persistent-worker iterator starts another epoch.
 - ``_BaseDataLoaderIter.__next__``: one training step's request and delivery of a batch (and, with
   ``num_workers=0``, where the batch is made inside ``next()``, now and then its CPU time).
+- ``_utils.pin_memory.pin_memory`` (``pinning.py``): each batch's pinning, on the pin thread or, with
+  ``num_workers=0``, inside ``next()``.
 - inside each worker (``workers.py``): every batch timed where it is made, so the analysis can tell a
   busy worker from a sleeping one and count what workers produce.
 """
@@ -19,11 +21,12 @@ from __future__ import annotations
 
 import itertools
 import sys
+import threading
 import time
 import weakref
 from typing import Any, Callable
 
-from gpufeed.measure.inside import cuda, dataloader_hook, loop, roles, workers
+from gpufeed.measure.inside import cuda, dataloader_hook, loop, pinning, roles, workers
 from gpufeed.measure.inside.iterators import IteratorState, mark_done
 from gpufeed.measure.inside.loader_tag import tag, tag_of
 from gpufeed.measure.inside.loaders import (FROM_BATCH_SAMPLER, count_indices, describe_error, loader_config,
@@ -90,6 +93,8 @@ def patch_torch(probe: Probe) -> None:
     # Batches are timed where they are made: patched inside each worker only (workers.py), so the
     # training process's own hot path carries nothing for them.
     workers.arm(probe)
+    # Each batch's pinning, where pin_memory=True pins (the pin thread, or next() with num_workers=0)
+    pinning.arm(probe)
 
 
 def unpatch_torch() -> None:
@@ -100,6 +105,7 @@ def unpatch_torch() -> None:
     from torch.utils.data import dataloader
     dataloader_hook.uninstall()
     workers.disarm()
+    pinning.disarm()
     for cls, name in ((dataloader._BaseDataLoaderIter, "__init__"),
                       (dataloader._BaseDataLoaderIter, "_reset"),
                       (dataloader._BaseDataLoaderIter, "__next__")):
@@ -181,7 +187,18 @@ def register_iterator(probe: Probe, iterator: Any, loader: Any, t_created: float
     probe.add_iterator(state)
     probe.event("iterator", iter_id=state.iter_id, loader_id=loader_id, t_created=t_created,
                 t_ready=_clock(), worker_pids=worker_pids, role=role, role_why=why, config=config,
-                samples_from=state.samples_from, torch_threads=_torch_threads())
+                samples_from=state.samples_from, torch_threads=_torch_threads(), pin_thread=_pin_thread(iterator))
+
+
+def _pin_thread(iterator: Any) -> int | None:
+    """The native id of the thread that pins this iterator's batches (its pin thread, or with
+    ``num_workers=0`` this one, where next() pins them); None where it pins nothing (pin_memory=False,
+    or a CPU-only torch that turned it off)."""
+    if not getattr(iterator, "_pin_memory", False):
+        return None
+    if not getattr(iterator, "_workers", None):
+        return threading.get_native_id()
+    return pinning.thread_id(getattr(iterator, "_pin_memory_thread", None))
 
 
 def _torch_threads() -> int | None:

@@ -106,6 +106,8 @@ class Probe:
         self.profiler = None
         self._loop_profiler_tried = False
         self.part_rows: list[tuple] = []
+        # Each batch torch pinned in this process (pinning.py): (thread, t_start, t_end, bytes)
+        self.pin_rows: list[tuple] = []
         self.cuda.forget_copies()  # a forked child's copies are its own
         self._writer = JsonlWriter(os.path.join(self.run_dir, schema.EVENTS_DIR, f"{self.pid}.jsonl"))
         self._stop = threading.Event()
@@ -179,6 +181,7 @@ class Probe:
             events, self._events = self._events, []
             fetch_rows, self.fetch_rows = self.fetch_rows, []
             part_rows, self.part_rows = self.part_rows, []
+            pin_rows, self.pin_rows = self.pin_rows, []
             h2d_rows = self.cuda.take_h2d_rows(final=False)
             iterators = list(self._iterators)
             # Read `done` before taking rows: rows appended before the iterator died are written below.
@@ -204,6 +207,8 @@ class Probe:
         if part_rows:
             lines.append({"kind": "batch_parts", "pid": self.pid, "rows": [r[:6] for r in part_rows],
                           "slow": [[r[0], *s] for r in part_rows for s in r[6]]})
+        if pin_rows:
+            lines.append({"kind": "pins", "pid": self.pid, "rows": pin_rows})
         if h2d_rows:
             lines.append({"kind": "h2d", "pid": self.pid, "rows": h2d_rows})
         profile = self.profiler.take() if self.profiler is not None else None

@@ -24,8 +24,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--workers", type=int, default=2)
 parser.add_argument("--unordered", action="store_true", help="in_order=False (torch >= 2.6)")
+parser.add_argument("--pin", action="store_true", help="pin_memory=True (a CPU-only torch pins nothing)")
 args = parser.parse_args()
 extra = {"in_order": False} if args.unordered else {}
+if args.pin:
+    extra["pin_memory"] = True
 loader = DataLoader(RareSlow(), batch_size=16, num_workers=args.workers, shuffle=False, **extra)  # LOADER
 for step, (x, y) in enumerate(loader):
     time.sleep(0.020)  # the training step

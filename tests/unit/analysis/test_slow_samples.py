@@ -64,8 +64,9 @@ def test_synthetic_runs_without_batch_parts_have_no_split(tmp_path):
 
 
 # -- the wait split by stage (issue 35.3), on a record small enough to compute by hand -------------------
-def _record(tmp_path, fetches_w0, fetches_w1, steps, parts_w0=()):
-    """Two workers (pids 11, 12; prefetch_factor 2), their fetch rows, the loop's steps, worker 0's parts."""
+def _record(tmp_path, fetches_w0, fetches_w1, steps, parts_w0=(), pins=()):
+    """Two workers (pids 11, 12; prefetch_factor 2), their fetch rows, the loop's steps, worker 0's parts,
+    and the pin thread's (thread 7) rows (t_start, t_end) where given."""
     from gpufeed.record import schema
     from gpufeed.record.writer import JsonlWriter, write_json_atomic
     run = tmp_path / "run"
@@ -74,8 +75,10 @@ def _record(tmp_path, fetches_w0, fetches_w1, steps, parts_w0=()):
               "batch_size": 4, "drop_last": False, "dataset_type": "D", "dataset_len": 16, "iterable": False,
               "sampler": "SequentialSampler", "batch_sampler": "BatchSampler", "multiprocessing_context": None}
     ev.write({"kind": "iterator", "pid": 10, "iter_id": 0, "loader_id": 0, "t_created": -0.1, "t_ready": -0.1,
-              "worker_pids": [11, 12], "config": config})
+              "worker_pids": [11, 12], "config": dict(config, pin_memory=bool(pins)), "pin_thread": 7 if pins else None})
     ev.write({"kind": "steps", "pid": 10, "iter_id": 0, "rows": [[i, a, b, 4, None] for i, (a, b) in enumerate(steps)]})
+    if pins:  # another thread's row (8) is not this iterator's
+        ev.write({"kind": "pins", "pid": 10, "rows": [[8, 0.0, 0.5, 1]] + [[7, a, b, 4096] for a, b in pins]})
     ev.close()
     for pid, rows in ((11, fetches_w0), (12, fetches_w1)):
         w = JsonlWriter(run / "events" / f"{pid}.jsonl")
@@ -128,3 +131,65 @@ def test_wait_split_refuses_a_match_that_breaks_causality(tmp_path):
                      steps=[(0.0, 0.021), (0.03, 0.041), (0.05, 0.09), (0.1, 0.19)])
     b = batches.analyze(record, _Training(), _window())
     assert b.steps_matched == 0 and b.wait_share is None and b.sentence(0.5) is None
+
+
+# -- pinning apart from the hand-over (issue 35.3) ----------------------------------------------------------
+# The by-hand record above; batches come to the pin thread as their fetches end: 1 (20 ms), 3 (40), 0 (90), 2 (145)
+PINS = [(0.021, 0.0215), (0.041, 0.0415), (0.092, 0.098), (0.146, 0.149)]
+BY_HAND = dict(fetches_w0=[(0.0, 0.09), (0.09, 0.145)], fetches_w1=[(0.0, 0.02), (0.02, 0.04)],
+               steps=[(0.0, 0.10), (0.11, 0.111), (0.12, 0.15), (0.16, 0.161)])
+
+
+def test_pinning_split_from_the_hand_over_by_hand(tmp_path):
+    # Batch 0 is pinned 92-98 ms inside its 10 ms hand-over (90-100): 6 pinning, 4 hand-over; batch 2 145-150,
+    # pinned 146-149: 3 and 2; batches 1 and 3 were pinned before the loop asked (0 of their wait).
+    b = batches.analyze(_record(tmp_path, pins=PINS, **BY_HAND), _Training(), _window())
+    assert b.pinning_share * 0.2 == pytest.approx(0.009)
+    assert b.handover_share * 0.2 == pytest.approx(0.017 - 0.009)
+    assert b.worker_share * 0.2 == pytest.approx(0.115)  # the worker's part unchanged
+    text = b.sentence(0.66)
+    assert f", {b.pinning_share * 100:.0f} pinning (pin_memory)" in text and "unpickling, waking" in text
+
+
+def test_pinning_match_refused_where_a_batch_is_delivered_before_it_was_pinned(tmp_path):
+    """Batch 0's pin row ends after the loop had it: the order match is wrong, pinning is N/A (never 0) and
+    stays inside the hand-over."""
+    wrong = [PINS[0], PINS[1], (0.092, 0.12), PINS[3]]
+    b = batches.analyze(_record(tmp_path, pins=wrong, **BY_HAND), _Training(), _window())
+    assert b.pinning_share is None
+    assert b.handover_share * 0.2 == pytest.approx(0.017)
+    assert "pinning, waking the loop" in b.sentence(0.66)
+
+
+def test_pinning_is_na_where_nothing_was_pinned(tmp_path):
+    b = batches.analyze(_record(tmp_path, **BY_HAND), _Training(), _window())
+    assert b.pinning_share is None and b.handover_share * 0.2 == pytest.approx(0.017)
+
+
+def test_pinning_inside_next_with_no_workers(tmp_path):
+    """num_workers=0: the pin row inside each step's wait is its batch's; a step with no row inside it is
+    not matched."""
+    from gpufeed.record.writer import JsonlWriter
+    record = _record(tmp_path, **BY_HAND)
+    ev = JsonlWriter(tmp_path / "run" / "events" / "20.jsonl")
+    config = {"num_workers": 0, "pin_memory": True, "prefetch_factor": None, "persistent_workers": False, "batch_size": 4, "drop_last": False, "dataset_type": "D",
+              "dataset_len": 16, "iterable": False, "sampler": "SequentialSampler", "batch_sampler": "BatchSampler",
+              "multiprocessing_context": None}
+    ev.write({"kind": "iterator", "pid": 20, "iter_id": 0, "loader_id": 0, "t_created": -0.1, "worker_pids": [],
+              "config": config, "pin_thread": 5})
+    ev.write({"kind": "steps", "pid": 20, "iter_id": 0, "rows": [[0, 0.0, 0.05, 4, None], [1, 0.06, 0.1, 4, None],
+                                                                 [2, 0.11, 0.15, 4, None]]})
+    ev.write({"kind": "pins", "pid": 20, "rows": [[5, 0.03, 0.05, 4096], [5, 0.08, 0.096, 4096]]})
+    ev.close()
+    record = load_run(tmp_path / "run")
+
+    class _Only20:
+        @staticmethod
+        def owns(it):
+            return it.pid == 20
+    b = batches.analyze(record, _Only20(), _window())
+    assert (b.steps_matched, b.steps_in_window) == (2, 3)
+    assert b.wait_share * 0.2 == pytest.approx(0.09) and b.pinning_share * 0.2 == pytest.approx(0.036)
+    text = b.sentence(0.5)
+    assert text.startswith("of the 50% wait, 18 points pinning the batch (pin_memory), 27 making it"), text
+    assert text.endswith("(2 of 3 steps matched to their batch)")

@@ -680,3 +680,52 @@ def test_the_ladder_stops_where_the_model_says_more_workers_cannot_help():
     workload = Workload(creeping, noise=0.0, diagnosis=lambda s: diagnosis(s, cpu_costs(step_threads=2)))
     run_search(workload, start(1), max_workers=32, confirm_pairs=0)
     assert max(s.num_workers for s in workload.runs) == 32
+
+
+# -- in_order=False only with --allow-reorder (issue 35.2) ------------------------------------------------
+def with_in_order(share):
+    """Runs whose batches show in-order delivery costing ``share`` of the time (none once unordered)."""
+    def diagnosis(s):
+        d = fake_diagnosis()
+        d.batches = SimpleNamespace(in_order_share=0.0 if s.in_order is False else share)
+        return d
+    return diagnosis
+
+
+def unordered_faster(s):  # cpu_bound, and 1.15x where the order is given up
+    return cpu_bound(s) * (1.15 if s.in_order is False else 1.0)
+
+
+def test_in_order_false_is_tried_only_with_allow_reorder():
+    plain = Workload(unordered_faster, diagnosis=with_in_order(0.15))
+    result = run_search(plain, start(2))
+    assert not any(s.in_order is False for s in plain.runs)
+    assert result.reorder["allowed"] is False and result.reorder["tried"] is False
+    assert result.reorder["predicted"] == pytest.approx(1 / 0.85)
+    hint = result.reorder_hint()
+    assert "--allow-reorder would let tune try in_order=False (predicted up to 1.18x)" in hint
+    assert result.config_file()["note"] is None or "in_order" not in result.config_file()["note"]
+
+    allowed = Workload(unordered_faster, diagnosis=with_in_order(0.15))
+    result = run_search(allowed, start(2), allow_reorder=True)
+    assert any(s.in_order is False for s in allowed.runs)
+    assert result.best.settings.in_order is False and result.reorder["tried"] is True
+    assert result.reorder_hint() is None
+    config = result.config_file()
+    assert config["settings"]["in_order"] is False and "no longer bit-for-bit reproducible" in config["note"]
+    assert "unordered" in result.best.settings.label()
+
+
+def test_in_order_false_not_tried_where_in_order_costs_within_the_noise():
+    workload = Workload(unordered_faster, diagnosis=with_in_order(0.005))  # 1.005x predicted: within the noise
+    result = run_search(workload, start(2), allow_reorder=True)
+    assert not any(s.in_order is False for s in workload.runs)
+    assert result.reorder == {"allowed": True, "tried": False, "in_order_share": None, "predicted": None}
+    assert result.reorder_hint() is None
+
+
+def test_in_order_false_loses_ties_to_the_ordered_configuration():
+    """Among ties the ordered configuration wins: reordering costs determinism."""
+    workload = Workload(cpu_bound, diagnosis=with_in_order(0.15))  # no faster unordered
+    result = run_search(workload, start(2), allow_reorder=True)
+    assert result.reorder["tried"] is True and result.best.settings.in_order is not False
