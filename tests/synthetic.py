@@ -432,7 +432,7 @@ class RankAutotune:
 
 
 def add_rank_autotune(path: Path, ranks: list[RankAutotune], user_workers: int = 1, pid_base: int = MAIN_PID,
-                      t_start: float = 1.0) -> Path:
+                      t_start: float = 1.0, rank_base: int = 0) -> Path:
     """Append each rank's autotune events to ``write_ddp_run``'s record (as ``autotune/ranks.py`` writes
     them: ``rank`` on every rank's own events, ``batch`` on its switches)."""
     def settings(w: int) -> dict:
@@ -444,7 +444,7 @@ def add_rank_autotune(path: Path, ranks: list[RankAutotune], user_workers: int =
     for i, spec in enumerate(ranks):
         pid = pid_base + i
         events = JsonlWriter(path / schema.EVENTS_DIR / f"{pid}.jsonl")
-        events.write({"kind": "autotune", "pid": pid, "action": "start", "t": t_start, "rank": i,
+        events.write({"kind": "autotune", "pid": pid, "action": "start", "t": t_start, "rank": rank_base + i,
                       "user": settings(user_workers), "iterable": False, "period_s": 0.3})
         for t, elapsed, workers, rates in spec.periods:
             events.write({"kind": "autotune", "pid": pid, "action": "measured", "t": t, "why": "test",
@@ -453,11 +453,11 @@ def add_rank_autotune(path: Path, ranks: list[RankAutotune], user_workers: int =
                                      "ranks": [{"rank": r, "samples_per_s": v, "wait_share": 0.5}
                                                for r, v in rates.items()]}})
         for t, batch, old, new in spec.switches:
-            events.write({"kind": "autotune", "pid": pid, "action": "switch", "t": t, "rank": i, "batch": batch,
+            events.write({"kind": "autotune", "pid": pid, "action": "switch", "t": t, "rank": rank_base + i, "batch": batch,
                           "old": settings(old), "new": settings(new), "label": label(new), "where": "mid-epoch"})
         if spec.declined is not None:
             t, batch = spec.declined
-            events.write({"kind": "autotune", "pid": pid, "action": "declined", "t": t, "rank": i, "batch": batch,
+            events.write({"kind": "autotune", "pid": pid, "action": "declined", "t": t, "rank": rank_base + i, "batch": batch,
                           "said": i == 0, "why": "autotune is off for every rank: rank 1 did not reach batch "
                                                  f"{batch} within 3 s; your settings from now on"})
         events.close()

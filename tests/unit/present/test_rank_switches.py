@@ -15,6 +15,7 @@ from gpufeed.present.autotune_view import rank_lanes_chart, rank_lines
 from gpufeed.present.report import build_report
 from gpufeed.present.terminal import numbers_table
 from gpufeed.present.trace import AUTOTUNE_TID, trace
+from gpufeed.record.merge import load_runs
 from gpufeed.record.reader import load_run
 from tests.synthetic import RankAutotune, RankSpec, Scenario, add_rank_autotune, write_ddp_run, write_run
 
@@ -104,6 +105,19 @@ def test_a_rank_that_went_back_to_your_settings_is_drawn(tmp_path):
     # the trace: an instant where it went back
     events = trace(record)["traceEvents"]
     assert [e["args"]["batch"] for e in events if e.get("cat") == "autotune" and e["name"].startswith("autotune: back")] == [45]
+
+
+def test_two_nodes_merged_put_every_ranks_switches_on_node_0s_clock(tmp_path):
+    # node 1's monotonic clock reads 5000 s more at the same wall time: its switch at t=5001.3 is node 0's 1.3
+    node0 = add_rank_autotune(write_ddp_run(tmp_path / "n0", [RANK], world_size=2),
+                              [RankAutotune(switches=[(1.3, 30, 1, 4)], periods=PERIODS[:1])])
+    node1 = add_rank_autotune(write_ddp_run(tmp_path / "n1", [RANK], world_size=2, rank_base=1, t0=5001.0,
+                                            clock_offset_s=1.7e9 - 5000, hostname="node1"),
+                              [RankAutotune(switches=[(5001.3, 30, 1, 4)])], t_start=5001.0, rank_base=1)
+    rs = rank_switches(load_runs([node0, node1]))
+    assert [lane.name for lane in rs.lanes] == ["rank 0", "rank 1"] and rs.differ == []
+    assert [s.t for lane in rs.lanes for s in lane.switches] == [pytest.approx(1.3), pytest.approx(1.3)]
+    assert [p.samples_per_s for p in rs.lanes[1].periods] == [290.0]
 
 
 def test_watch_says_each_ranks_settings_and_last_switch(tmp_path):
