@@ -418,3 +418,47 @@ def write_ddp_run(path: Path, ranks: list[RankSpec], steps: int = 100, synchroni
                                    "gpu_error": None if any(r.gpu_util for r in ranks) else "NVML library not found"})
     write_json_atomic(path / schema.META_FILE, meta.to_dict())
     return path
+
+
+@dataclass
+class RankAutotune:
+    """--autotune's events on one rank of ``write_ddp_run``'s job: each switch as (t, batch, from
+    workers, to workers); a fall-back to your settings (``declined``) at (t, batch); rank 0 also writes
+    the search's periods, each (t, elapsed_s, workers, {rank: samples/s})."""
+
+    switches: list[tuple[float, int, int, int]] = field(default_factory=list)
+    declined: tuple[float, int] | None = None
+    periods: list[tuple[float, float, int, dict[int, float]]] = field(default_factory=list)
+
+
+def add_rank_autotune(path: Path, ranks: list[RankAutotune], user_workers: int = 1, pid_base: int = MAIN_PID,
+                      t_start: float = 1.0, rank_base: int = 0) -> Path:
+    """Append each rank's autotune events to ``write_ddp_run``'s record (as ``autotune/ranks.py`` writes
+    them: ``rank`` on every rank's own events, ``batch`` on its switches)."""
+    def settings(w: int) -> dict:
+        return {"num_workers": w, "prefetch_factor": 2 if w else None, "persistent_workers": False}
+
+    def label(w: int) -> str:
+        return f"w{w} p2" if w else "w0"
+
+    for i, spec in enumerate(ranks):
+        pid = pid_base + i
+        events = JsonlWriter(path / schema.EVENTS_DIR / f"{pid}.jsonl")
+        events.write({"kind": "autotune", "pid": pid, "action": "start", "t": t_start, "rank": rank_base + i,
+                      "user": settings(user_workers), "iterable": False, "period_s": 0.3})
+        for t, elapsed, workers, rates in spec.periods:
+            events.write({"kind": "autotune", "pid": pid, "action": "measured", "t": t, "why": "test",
+                          "period": {"settings": settings(workers), "label": label(workers), "elapsed_s": elapsed,
+                                     "samples_per_s": min(rates.values()), "wait_share": 0.5, "batches": 10,
+                                     "ranks": [{"rank": r, "samples_per_s": v, "wait_share": 0.5}
+                                               for r, v in rates.items()]}})
+        for t, batch, old, new in spec.switches:
+            events.write({"kind": "autotune", "pid": pid, "action": "switch", "t": t, "rank": rank_base + i, "batch": batch,
+                          "old": settings(old), "new": settings(new), "label": label(new), "where": "mid-epoch"})
+        if spec.declined is not None:
+            t, batch = spec.declined
+            events.write({"kind": "autotune", "pid": pid, "action": "declined", "t": t, "rank": rank_base + i, "batch": batch,
+                          "said": i == 0, "why": "autotune is off for every rank: rank 1 did not reach batch "
+                                                 f"{batch} within 3 s; your settings from now on"})
+        events.close()
+    return path

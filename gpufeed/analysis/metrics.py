@@ -170,8 +170,10 @@ class Metrics:
     worker_private_max_b: float | None = None
     workers_needed: int | None = None            # workers that would keep up with the step, by rate
     # --autotune changed the loader's settings during the run: {"from": your settings, "to": those in
-    # force at the end, "switches": n} (labels as ``LoaderSettings.label``). The loader's settings
-    # above (num_workers, prefetch_factor, the training loader's config) are then those at the end.
+    # force at the end, "switches": n} (labels as ``LoaderSettings.label``); under several ranks also
+    # "ranks": ``RankSwitches.to_dict()`` (each rank's switch batches, where they differ, fall-backs).
+    # The loader's settings above (num_workers, prefetch_factor, the training loader's config) are then
+    # those at the end.
     autotuned: dict[str, Any] | None = None
     # --offload: the batches were made on Ray (``analysis/offloaded.py``); the local-worker numbers
     # above are then N/A, whatever num_workers the config names

@@ -31,6 +31,7 @@ from gpufeed.analysis.gpus import process_gpus
 from gpufeed.analysis.intervals import merge_spans
 from gpufeed.analysis.metrics import LoaderSummary, Metrics, compute, evaluation_pauses, marked_training, pick_training
 from gpufeed.analysis.rank_summary import RankSummary
+from gpufeed.analysis.rank_switches import rank_switches
 from gpufeed.analysis.steps import loader_steps
 from gpufeed.record import schema
 from gpufeed.record.merge import PID_STRIDE
@@ -71,6 +72,9 @@ def job_metrics(record: RunRecord, loaders: list[LoaderSummary]) -> tuple[Metric
     m.focus_rank = focus.summary.rank
     m.ranks = [r.summary for r in ranks]
     m.samples_per_s = _job_samples_per_s(record, ranks)
+    switches = rank_switches(record)
+    if switches is not None and m.autotuned is not None:
+        m.autotuned["ranks"] = switches.to_dict()
     return m, focus.loader
 
 

@@ -71,7 +71,10 @@ def describe(event: dict[str, Any]) -> str | None:
     """An ``autotune`` event in words (the switches, the winner, refusals, crashes); None for the rest."""
     action = event.get("action")
     if action == "switch":
-        return f"switched to {event['label']} ({event['where']})"
+        # several ranks: rank 0 says it for all, before the batch every rank switches at (its own record's
+        # batch under diagnose, where analysis/rank_switches.py checks the ranks against each other)
+        ranks = f", every rank before batch {event['batch']}" if event.get("batch") is not None else ""
+        return f"switched to {event['label']} ({event['where']}{ranks})"
     if action == "settled":
         speedup = event.get("speedup")
         gain = f", {speedup - 1:+.0%} against your settings" if speedup else ""

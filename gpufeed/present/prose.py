@@ -35,6 +35,30 @@ def autotuned_sentence(m: Metrics) -> str:
     return f"autotuned from {a['from']} to {a['to']} ({a['switches']} switch{'es' if a['switches'] > 1 else ''}) · "
 
 
+def rank_switches_sentence(m: Metrics) -> str | None:
+    """Under several ranks, at which batches --autotune switched (``analysis/rank_switches.py``): said
+    once for every rank when they agree, each difference named when they do not (a bug); None with
+    one rank or no --autotune."""
+    ranks = (m.autotuned or {}).get("ranks")
+    return ranks_switched(ranks) if ranks else None
+
+
+def ranks_switched(ranks: dict) -> str:
+    """``rank_switches_sentence`` from ``RankSwitches.to_dict()`` (the report says it too)."""
+    if ranks["differ"]:
+        return ("THE RANKS DID NOT SWITCH TOGETHER (another batch or other settings), which --autotune never "
+                "does: a bug in gpufeed, please report it: " + "; ".join(ranks["differ"]))
+    n = len(ranks["ranks"])
+    if not ranks["batches"]:
+        said = f"no switch on any of the {n} ranks"
+    else:
+        batches = ", ".join("?" if b is None else str(b) for b in ranks["batches"])
+        said = f"every rank ({n}) switched before the same batches, to the same settings: batch {batches}"
+    back = [f"{b['rank']} went back to your settings at batch {'?' if b['batch'] is None else b['batch']} ({b['why']})"
+            for b in ranks["back"]]
+    return "; ".join([said, *back])
+
+
 def offload_sentence(o: Offload) -> str:
     """The diagnosis's line for an offloaded training loader: who made its batches, how fast they came."""
     per_node = " + ".join(str(n) for n in o.by_node.values()) or NA

@@ -30,7 +30,7 @@ from rich.console import Console
 
 from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.offloaded import events_of, rates
-from gpufeed.present.autotune_view import said, settings_timeline
+from gpufeed.present.autotune_view import rank_lanes_chart, said, settings_timeline
 from gpufeed.present.inside_view import profile_view, stages_view
 from gpufeed.present.report_trials import BATCH_SIZE, TUNE, result_file, trials_section
 from gpufeed.present.steps import rolling_samples_per_s, training_steps
@@ -276,6 +276,7 @@ def _timeline(record: RunRecord, d: Diagnosis) -> dict[str, Any]:
     t_end = max((v for v in (s.t[-1] if len(s) else math.nan, np.nanmax(steps.t_deliver) if len(steps) else math.nan)
                  if math.isfinite(v)), default=t0)
     out["autotune"] = _settings_chart(record, d, t0, t_end)
+    out["ranks"] = rank_lanes_chart(record, t0, t_end)  # several ranks autotuned: a lane each
     measured = steps[d.metrics.warmup_steps:]
     out["window"] = ([round(float(measured.t_request[0]) - t0, 4), round(float(np.nanmax(measured.t_deliver)) - t0, 4)]
                      if len(measured) else None)

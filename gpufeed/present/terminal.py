@@ -10,7 +10,7 @@ from rich.text import Text
 
 from gpufeed.analysis.findings import HIGH, INFO, LOW, MEDIUM, Diagnosis, Finding
 from gpufeed.present.prose import (FINDINGS_BY_TIME, MEMORY_BY_BYTES, autotuned_sentence, cpus_sentence,
-                                   gpus_named, headline, offload_sentence, warmup_sentence)
+                                   gpus_named, headline, offload_sentence, rank_switches_sentence, warmup_sentence)
 from gpufeed.present.whatif_view import what_if_block
 from gpufeed.units import NA, fmt, human_bytes, rate_fmt
 
@@ -78,6 +78,10 @@ def numbers_table(d: Diagnosis) -> Table:
         if m.worker_startup_s is not None:
             workers += f" · start-up {m.worker_startup_s:.2f} s ({fmt(m.worker_startup_share, '.0%')})"
         table.add_row("Loader", autotuned_sentence(m) + workers)
+    switches = rank_switches_sentence(m)
+    if switches:  # several ranks autotuned: the same batches on every rank, or loudly not
+        differ = bool(m.autotuned["ranks"]["differ"])
+        table.add_row("Switches", Text(switches, style="bold red" if differ else ""))
     return table
 
 

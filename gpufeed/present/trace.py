@@ -7,7 +7,9 @@ utilization and memory on one track per GPU, and beside utilization GPM's SM act
 tensor-pipe activity (Hopper and newer; where a GPU has none, an instant event at its first reading says
 why, and no counter: N/A is never drawn as 0); each process's own CPU on its track. An autotuned run
 (``--autotune``) shows its settings as a counter on the training process's track, stepping at each
-switch, with an instant event per switch and where it settled.
+switch, with an instant event per switch and where it settled; under several ranks, on every rank's
+track, each switch with its batch and an "autotune" thread of the decision periods (that rank's
+samples/s) and where it went back to your settings (``analysis/rank_switches.py``).
 
 Inside the batches (issue 35): each data wait of a loader with workers is split, nested inside it, into
 the batch being made in its worker (and, nested in that, the time a later batch was already made: in
@@ -32,6 +34,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpufeed.analysis.batches import matched_steps
+from gpufeed.analysis.rank_switches import rank_switches
 from gpufeed.present.autotune_view import said, settings_timeline
 from gpufeed.record.reader import RunRecord, load_run
 
@@ -40,6 +43,8 @@ DEFAULT_NAME = "trace.json"
 # collide with a real one.
 HOST_PID = 2**22 + 1
 GPU_PID_BASE = 2**22 + 100
+# Each autotuned rank's "autotune" thread (its decision periods) beside its training loop (tid = pid)
+AUTOTUNE_TID = 2**22 + 2
 GIB = 2.0**30
 
 Event = dict[str, Any]
@@ -221,18 +226,51 @@ def _profiles(record: RunRecord, us: Any) -> Iterator[Event]:
 
 def _autotune(record: RunRecord, us: Any) -> Iterator[Event]:
     """--autotune on the training process's track: a counter of num_workers and prefetch_factor that
-    steps at each switch, an instant event per switch and one where it settled on a winner."""
-    tl = settings_timeline(record)
-    if tl is None:
+    steps at each switch, an instant event per switch and one where it settled on a winner. Under
+    several ranks, on every rank's track, each switch naming its batch, and beside the training loop an
+    "autotune" thread with each decision period as a slice (that rank's samples/s in its args) and an
+    instant where the rank went back to your settings."""
+    lanes = rank_switches(record)
+    if lanes is None:
+        tl = settings_timeline(record)
+        if tl is not None:
+            yield from _settings_track(record, tl, us, switch_instants=True)
         return
+    for lane in lanes.lanes:
+        tl = settings_timeline(record, lane.pid)
+        if tl is not None:
+            yield from _settings_track(record, tl, us, switch_instants=False)
+        pid = lane.pid
+        yield {"ph": "M", "name": "thread_name", "pid": pid, "tid": AUTOTUNE_TID, "args": {"name": "autotune"}}
+        for sw in lane.switches:
+            batch = "?" if sw.batch is None else sw.batch
+            yield {"ph": "i", "s": "t", "cat": "autotune", "name": f"autotune: switched to {sw.new} before batch {batch} ({sw.where})",
+                   "pid": pid, "tid": pid, "ts": us(sw.t),
+                   "args": {"from": sw.old, "to": sw.new, "batch": sw.batch, "where": sw.where,
+                            "every_rank": sw.coordinated}}
+        for p in lane.periods:
+            yield {"ph": "X", "cat": "autotune", "name": f"period {p.label}", "pid": pid, "tid": AUTOTUNE_TID,
+                   "ts": us(p.t_start), "dur": max(0.0, us(p.t_end) - us(p.t_start)),
+                   "args": {"settings": p.label, "samples_per_s": p.samples_per_s, "wait_share": p.wait_share,
+                            "decision": p.action, "rank": lane.rank}}
+        for f in lane.fallbacks:
+            batch = "?" if f.batch is None else f.batch
+            name = f"autotune: back to your settings at batch {batch}" if f.lost else f"autotune: {f.why}"
+            yield {"ph": "i", "s": "t", "cat": "autotune", "name": name, "pid": pid, "tid": pid, "ts": us(f.t),
+                   "args": {"batch": f.batch, "why": f.why}}
+
+
+def _settings_track(record: RunRecord, tl: Any, us: Any, switch_instants: bool) -> Iterator[Event]:
+    """One process's settings counter, its switches as instants (one process), and where it settled."""
     for point in tl.settings:
         counter = _counter(tl.pid, "autotune settings", us(point.t),
                            {"num_workers": point.settings.num_workers, "prefetch_factor": point.settings.prefetch_factor})
         if counter is not None:
             yield counter
-    for point in tl.switches:
-        yield {"ph": "i", "s": "p", "cat": "autotune", "name": f"autotune: switched to {point.label} ({point.where})",
-               "pid": tl.pid, "tid": tl.pid, "ts": us(point.t), "args": point.settings.to_dict()}
+    if switch_instants:
+        for point in tl.switches:
+            yield {"ph": "i", "s": "p", "cat": "autotune", "name": f"autotune: switched to {point.label} ({point.where})",
+                   "pid": tl.pid, "tid": tl.pid, "ts": us(point.t), "args": point.settings.to_dict()}
     for ev in record.autotune:
         if ev["pid"] == tl.pid and ev["action"] == "settled":
             yield {"ph": "i", "s": "p", "cat": "autotune", "name": f"autotune: {said(ev) or 'settled'}",

@@ -5,7 +5,8 @@ Every refresh reads the host and the GPUs with the reader the outside sampler re
 shows as a sparkline (GPM's SM activity, occupancy and tensor activity beside utilisation where the
 GPU has them, N/A with the reason where not), and, when a ``gpufeed diagnose`` run is going, reads its
 run record for the job's recent samples/s, data-wait share, worker states and current findings (and, under
-``--autotune``, the settings in force and the last decision). The run is read
+``--autotune``, the settings in force and the last decision; under several ranks, a line per rank
+with its settings and its last switch). The run is read
 (and analysed) every ``RUN_REFRESH_S`` at most, and less often when that gets slow: a long run's
 record takes longer to read than a refresh.
 
@@ -38,7 +39,7 @@ from gpufeed.analysis import Diagnosis, analyze_record
 from gpufeed.analysis.findings import Finding
 from gpufeed.analysis.offloaded import Offload, batches_per_s, events_of
 from gpufeed.measure.outside.host import HostReader
-from gpufeed.present.autotune_view import settings_timeline
+from gpufeed.present.autotune_view import rank_lines, settings_timeline
 from gpufeed.present.steps import recent, training_steps
 from gpufeed.present.terminal import SEVERITY_STYLE
 from gpufeed.record import schema
@@ -87,6 +88,7 @@ class RunState:
     offload_batches_per_s: float | None = None      # between the run's last two `offload` events
     offload_latency_ms: float | None = None         # p50 over the batches before the last event
     autotune: str | None = None   # --autotune: the settings in force and the last decision, one line
+    autotune_ranks: list[str] = field(default_factory=list)  # several ranks: each one's settings and last switch
 
 
 def find_running_run(root: Path = RUNS_DIR, now: Callable[[], float] = time.time) -> Path | None:
@@ -126,6 +128,7 @@ def read_run(run_dir: Path) -> RunState:
         switches = len(tl.switches)
         state.autotune = (f"{tl.settings[-1].label} ({switches} switch{'' if switches == 1 else 'es'})  "
                           f"last: {tl.last_words()}")
+    state.autotune_ranks = rank_lines(record, meta.t_start)
     latest = [it.worker_pids for it in record.iterators if it.worker_pids]
     workers = set(latest[-1]) if latest else set()
     last = record.samples.procs[-1] if len(record.samples) else []
@@ -269,6 +272,9 @@ class Dashboard:
             lines.append(offload_line(run))
         if run.autotune:
             lines.append(Text.assemble(("     autotune ", "bold"), run.autotune, overflow="ellipsis", no_wrap=True))
+        for line in run.autotune_ranks:  # under several ranks: a line each (seconds since the run started)
+            style = "bold red" if line.startswith("RANKS DIFFER") else ""
+            lines.append(Text.assemble("       ", (line, style), overflow="ellipsis", no_wrap=True))
         if run.workers:
             workers = Text("     workers ", style="bold")
             for pid, status, cpu in run.workers:

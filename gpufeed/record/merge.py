@@ -106,7 +106,7 @@ def _shift(r: RunRecord, dt: float, pid_offset: int = 0) -> None:
     r.samples.procs = [[row._replace(pid=pid(row.pid), ppid=pid(row.ppid)) for row in procs] for procs in r.samples.procs]
     r.samples.gpu_procs = [{idx: {pid(p): b for p, b in pids.items()} for idx, pids in per_gpu.items()}
                            for per_gpu in r.samples.gpu_procs]
-    for ev in r.processes + r.stalls + r.shm:
+    for ev in r.processes + r.stalls + r.shm + r.autotune:
         ev["pid"] = pid(ev.get("pid"))
         for key in ("t", "t_request"):
             if isinstance(ev.get(key), (int, float)):
@@ -187,6 +187,7 @@ def _combine(parts: list[RunRecord], notes: list[str]) -> RunRecord:
         samples=first.samples,
         stalls=[ev for p in parts for ev in p.stalls],
         shm=[ev for p in parts for ev in p.shm],
+        autotune=sorted((ev for p in parts for ev in p.autotune), key=lambda ev: ev["t"]),  # each rank's switches
         batch_parts={pid: bp for p in parts for pid, bp in p.batch_parts.items()},
         profiles={pid: prof for p in parts for pid, prof in p.profiles.items()},  # each node's /dev/shm: the rule groups them by host
         exits={pid: reason for p in parts for pid, reason in p.exits.items()},

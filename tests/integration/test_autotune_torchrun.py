@@ -6,7 +6,6 @@ the survivor) leaves the other at your settings, said once, without hanging."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,8 +14,14 @@ from pathlib import Path
 import pytest
 
 from gpufeed.settings import ENV_AUTOTUNE
+from tests import needs
+from tests.browser import Chromium
+from gpufeed.present.report import write_report
+from gpufeed.present.trace import write_trace
+from gpufeed.record.reader import load_run
 from tests.integration.test_cli import WORKLOADS, assert_nothing_left_running, gpufeed
 from tests.integration.test_distributed import _free_port, torchrun
+from tests.integration.test_report import rendered
 
 SCRIPT = str(WORKLOADS / "autotune_ddp.py")
 FAST = {"period_s": 0.3, "min_batches": 5}
@@ -47,6 +52,7 @@ def tuned(tmp_path_factory) -> Path:
         result = gpufeed(["diagnose", "--autotune", "--out", str(tmp / "run"), "--", *torchrun(), SCRIPT,
                           "--record", str(tmp / "tuned")], cwd=tmp, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
+    (tmp / "diagnose.txt").write_text(result.stdout)
     assert_nothing_left_running(SCRIPT)
     subprocess.run([*torchrun(), SCRIPT, "--record", str(tmp / "plain")], check=True, timeout=240,
                    capture_output=True, cwd=tmp)
@@ -67,6 +73,57 @@ def test_every_rank_switches_before_the_same_batch_with_the_same_settings(tuned)
     for p in measured:
         assert p["samples_per_s"] == pytest.approx(min(r["samples_per_s"] for r in p["ranks"]), rel=1e-3)
     assert not [e for ev in events.values() for e in ev if e["action"] in ("declined", "error")]
+
+
+def test_report_trace_and_terminal_show_each_ranks_switches_on_one_clock(tuned):
+    """The run's own switches, drawn per rank: the report's lanes (in a real Chromium: what the canvas
+    drew), the table, the trace's per-rank instants, and the terminal's sentence, each at the batch the
+    record says, the same on both ranks, at times inside the run."""
+    run = tuned / "run"
+    events = _by_rank(run)
+    switches = {rank: [e for e in ev if e["action"] == "switch"] for rank, ev in events.items()}
+    batches = [e["batch"] for e in switches[0]]
+    assert batches and [e["batch"] for e in switches[1]] == batches
+    its = [it for it in load_run(run).iterators if len(it.steps)]
+    first = min(float(it.steps.t_request[0]) for it in its)   # the first request, the last delivery
+    last = max(float(it.steps.t_deliver[-1]) for it in its)
+    for rank in (0, 1):
+        assert all(first < e["t"] < last for e in switches[rank]), (first, last, switches[rank])
+
+    assert f"every rank (2) switched before the same batches, to the same settings: batch {', '.join(map(str, batches))}" \
+        in " ".join((tuned / "diagnose.txt").read_text().split())
+
+    html = write_report(run, tuned / "report.html")
+    with Chromium(needs.tool("chromium", "chromium-browser")) as browser:
+        session, shown = rendered(browser, html)
+        assert "run-0-ranks" in shown["ids"] and "run-0-settings" in shown["ids"]
+        drawn = browser.evaluate(session, "charts.find(([u]) => u.root.parentElement.id === 'run-0-ranks')[0].drawn")
+        data = browser.evaluate(session, "DATA.runs[0].timeline")
+        rows = browser.evaluate(session, "[...document.querySelectorAll('#run-0-rank-switches tr[data-together=\"1\"]')]"
+                                         ".map(r => [...r.querySelectorAll('[data-rank-batch]')].map(c => c.dataset.rankBatch))")
+    marks = {lane: [(d["batch"], d["text"], d["t"]) for d in drawn if d["kind"] == "switch" and d["lane"] == lane]
+             for lane in ("rank 0", "rank 1")}
+    assert [b for b, _, _ in marks["rank 0"]] == [b for b, _, _ in marks["rank 1"]] == batches
+    assert [x for _, x, _ in marks["rank 0"]] == [x for _, x, _ in marks["rank 1"]]
+    rate_t = data["steps"]["t"]
+    for lane in marks.values():   # on the timeline's axis, inside the steps' span
+        assert all(rate_t[0] - 1e-3 <= t <= rate_t[-1] + 1e-3 for _, _, t in lane), (lane, rate_t[0], rate_t[-1])
+    periods = [d for d in drawn if d["kind"] == "period"]
+    assert {d["lane"] for d in periods} == {"rank 0", "rank 1"}
+    measured = [e for e in events[0] if e["action"] in ("measured", "recover", "hold", "drift") and "ranks" in e["period"]]
+    assert sorted(d["samples_per_s"] for d in periods) == sorted(r["samples_per_s"] for e in measured
+                                                                   for r in e["period"]["ranks"])
+    assert rows == [[str(b), str(b)] for b in batches]
+
+    trace = json.loads(write_trace(run, tuned / "trace.json").read_text())["traceEvents"]
+    pid_of = {rank: events[rank][0]["pid"] for rank in (0, 1)}
+    instants = {rank: [e for e in trace if e.get("cat") == "autotune" and e["ph"] == "i" and e["pid"] == pid
+                       and e["name"].startswith("autotune: switched")] for rank, pid in pid_of.items()}
+    assert [e["args"]["batch"] for e in instants[0]] == [e["args"]["batch"] for e in instants[1]] == batches
+    step_ts = [e["ts"] for e in trace if e.get("cat") == "step"]
+    assert all(min(step_ts) < e["ts"] < max(step_ts) for es in instants.values() for e in es)
+    slices = [e for e in trace if e.get("cat") == "autotune" and e["ph"] == "X"]
+    assert {e["pid"] for e in slices} == set(pid_of.values()) and all(e["dur"] > 0 for e in slices)
 
 
 def test_each_rank_receives_its_shard_exactly_once_in_a_plain_runs_order(tuned):

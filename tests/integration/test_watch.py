@@ -18,7 +18,7 @@ from gpufeed.measure.outside.nvml import Nvml
 from gpufeed.present.watch import find_running_run, read_run, sparkline
 from gpufeed.record import schema
 from tests import needs
-from tests.synthetic import Scenario, write_run
+from tests.synthetic import RankAutotune, RankSpec, Scenario, add_rank_autotune, write_ddp_run, write_run
 from tests.integration.test_report import gpufeed
 
 
@@ -175,6 +175,17 @@ def test_autotune_line(tmux):
     tmux.run("send-keys", "-t", "w", "q")
     assert tmux.exit_code() == 0
     assert read_run(running_run(tmux.tmp / "plain")).autotune is None
+    # several ranks: a line each, its settings and its last switch (the batch, seconds since the run started)
+    ranks = add_rank_autotune(write_ddp_run(tmux.tmp / "ranks", [RankSpec(), RankSpec()]),
+                              [RankAutotune(switches=[(1.3, 30, 1, 4)]), RankAutotune(switches=[(1.3002, 30, 1, 4)])])
+    assert read_run(ranks).autotune_ranks == ["rank 0  w4 p2  last switch: batch 30 at 0.4 s (w1 p2 → w4 p2)",
+                                              "rank 1  w4 p2  last switch: batch 30 at 0.4 s (w1 p2 → w4 p2)"]
+    tmux.run("kill-session", "-t", "w")   # the first watch's session (it sleeps after watch quits)
+    tmux.exit_file.unlink()
+    tmux.start(str(ranks) + " --interval 0.2")
+    tmux.wait_for(r"rank 1  w4 p2  last switch: batch 30 at 0\.4 s")
+    tmux.run("send-keys", "-t", "w", "q")
+    assert tmux.exit_code() == 0
 
 
 def test_missing_run_dir(tmp_path):

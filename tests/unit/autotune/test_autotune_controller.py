@@ -180,6 +180,9 @@ def test_no_search_while_the_loop_does_not_wait_for_data(monkeypatch):
 def test_events_in_words_and_batch_bytes():
     import torch
     assert describe({"action": "switch", "label": "w4 p2", "where": "mid-epoch"}) == "switched to w4 p2 (mid-epoch)"
+    # several ranks (gpufeed run: rank 0 says it for all): the batch every rank switches before
+    assert (describe({"action": "switch", "label": "w4 p2", "where": "mid-epoch", "batch": 37, "rank": 0})
+            == "switched to w4 p2 (mid-epoch, every rank before batch 37)")
     assert describe({"action": "measured"}) is None
     assert batch_bytes([torch.zeros(4, 2), {"y": torch.zeros(4, dtype=torch.int64)}]) == 4 * 2 * 4 + 4 * 8
 
