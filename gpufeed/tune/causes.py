@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.rules.facts import workers_multithreaded
+from gpufeed.analysis.rules.facts import startup_cost_share, workers_multithreaded
 from gpufeed.tune.result import Trial
 
 
@@ -24,8 +24,12 @@ class Cause:
         return next(iter(self.change))
 
 
-def causes_shown(trial: Trial) -> list[Cause]:
-    """The causes this trial's run showed that its settings do not fix yet."""
+def causes_shown(trial: Trial, noise: float = th.TUNE_NOISE_FLOOR) -> list[Cause]:
+    """The causes this trial's run showed that its settings do not fix yet. ``noise``: the search's
+    run-to-run (autotune: period-to-period) spread, floored at ``TUNE_NOISE_FLOOR``; worker start-up
+    is a cause once it costs more than that, diagnose's own definition of its cost
+    (``facts.startup_cost_share``): a start-up within the noise could not be told from a lucky
+    period, and one above it is at least what persistent workers buy back."""
     diag = trial.diagnosis
     if not trial.ok or not trial.settings.num_workers or diag is None:
         return []
@@ -33,8 +37,8 @@ def causes_shown(trial: Trial) -> list[Cause]:
     if workers_multithreaded(m) and trial.settings.worker_threads is None:
         causes.append(Cause("one thread per worker: workers ran several threads each", {"worker_threads": 1},
                             float(m.worker_torch_threads or m.worker_fetch_cpu_ratio or 2)))
-    share = m.worker_startup_share or 0.0
-    if share >= th.WORKER_STARTUP_SHARE_FLAG and not trial.settings.persistent_workers:
+    share = startup_cost_share(m) or 0.0
+    if share > max(noise, th.TUNE_NOISE_FLOOR) and not trial.settings.persistent_workers:
         causes.append(Cause(f"persistent workers: start-up took {share:.0%} of the run",
                             {"persistent_workers": True}, share))
     return causes

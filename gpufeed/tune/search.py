@@ -317,7 +317,7 @@ class Search:
         change). One that does not is tried again only once its cause has doubled: worker start-up,
         say, costs 10% of the run with 1 worker and 50% with 8 (measured, bench/results), and
         persistent workers pay off only then."""
-        for cause in causes_shown(trial):
+        for cause in causes_shown(trial, self.noise):
             tried_at = self._fixes_tried.get(cause.setting)
             if tried_at is not None and cause.strength < th.TUNE_CAUSE_RETRY_FACTOR * tried_at:
                 continue
@@ -396,7 +396,7 @@ class Search:
         """(why, change) for each setting a measured cause on the best configuration points at."""
         if not self.best.settings.num_workers:
             return
-        for cause in causes_shown(self.best):  # still showing on the best: try them there
+        for cause in causes_shown(self.best, self.noise):  # still showing on the best: try them there
             yield cause.why, cause.change
         waits = _waits_for_data(self.best)
         for factor in th.TUNE_PREFETCH_CHOICES:

@@ -680,3 +680,28 @@ def test_the_ladder_stops_where_the_model_says_more_workers_cannot_help():
     workload = Workload(creeping, noise=0.0, diagnosis=lambda s: diagnosis(s, cpu_costs(step_threads=2)))
     run_search(workload, start(1), max_workers=32, confirm_pairs=0)
     assert max(s.num_workers for s in workload.runs) == 32
+
+
+def test_persistent_workers_are_a_cause_once_start_up_costs_more_than_the_noise():
+    """Issue 36.2: the search's noise is the bar (at least TUNE_NOISE_FLOOR), not a fixed 5%; the cost
+    is diagnose's ``startup_cost_share`` (iter() and each epoch's first batch where they fell inside
+    the run, else the start-ups over the span)."""
+    from gpufeed.tune.causes import causes_shown
+    from gpufeed.tune.result import Trial
+
+    def trial(startup, persistent=False, **shares):
+        diag = fake_diagnosis(startup=startup)
+        diag.metrics.__dict__.update(shares)
+        settings = LoaderSettings(num_workers=2, persistent_workers=persistent)
+        return Trial(1, settings, "x", [TrialRun(OK, 100.0, 1.0, diagnosis=diag)])
+
+    def persistent_cause(t, noise):
+        return [c for c in causes_shown(t, noise) if c.setting == "persistent_workers"]
+
+    assert persistent_cause(trial(0.04), 0.03)                      # above the noise, under the old 5% bar
+    assert not persistent_cause(trial(0.04), 0.06)                  # within a noisier search's noise
+    assert not persistent_cause(trial(0.025), 0.0)                  # the floor: a tie whatever was measured
+    assert not persistent_cause(trial(0.30, persistent=True), 0.03)  # already persistent
+    # Where the restart fell inside the run, its parts are the cost (diagnose's restart_share).
+    inside = trial(0.01, startup_in_iter_share=0.03, restart_wait_share=0.02)
+    assert persistent_cause(inside, 0.04)[0].strength == pytest.approx(0.05)
