@@ -335,7 +335,9 @@ class Controller:
         if isinstance(period, str):
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=period)
         noise = self._search.noise if self._search is not None else th.TUNE_NOISE_FLOOR
-        if self.user_rate and period.samples_per_s < self.user_rate * (1 - noise):
+        # Your own settings below their own rate are their noise, not a setting to recover from (the
+        # image-folder script's first half at -7% of the halves' mean cost a period "back to" them).
+        if self.user_rate and settings != self.loader.user and period.samples_per_s < self.user_rate * (1 - noise):
             best = self._search.best if self._search is not None else None
             back = normalized(best.settings, self.loader.user) if best is not None and best.ok else self.loader.user
             self._measure(back, f"back to {back.label()} for a period: {settings.label()} measured "

@@ -95,6 +95,25 @@ def test_your_settings_cost_one_period_before_the_search_leaves_them():
     assert controller.user_rate == pytest.approx((first["samples_per_s"] + second["samples_per_s"]) / 2, rel=1e-4)
 
 
+def test_your_own_settings_measured_below_their_mean_are_not_recovered_from():
+    """The two halves of your settings' period straddle their own mean: the slower half is their
+    noise, and a period "back to" the same settings would be one more at the settings to improve."""
+    slow_first = {"n": 0}
+
+    def cost(settings, controller):
+        step, wait = batch_time(settings)
+        if settings == controller.loader.user and controller.user_rate is None:
+            slow_first["n"] += 1
+            if slow_first["n"] <= 18:  # in the first half (about 23 batches of 43 ms): 20% slower
+                return step * 1.2, wait + step * 0.2
+        return step, wait
+    controller, _ = simulate(LoaderSettings(num_workers=1), cost=cost, period_s=2.0)
+    halves = periods(controller)[:2]
+    assert halves[0]["period"]["samples_per_s"] < controller.user_rate * (1 - th.TUNE_NOISE_FLOOR)
+    assert not any(e["action"] == RECOVER and e["period"]["settings"] == controller.loader.user.to_dict()
+                   for e in controller.events)
+
+
 def test_never_two_periods_in_a_row_below_the_users_throughput():
     controller, _ = simulate(LoaderSettings(num_workers=4))  # the user's settings are already the best
     rates = [e["period"]["samples_per_s"] for e in periods(controller)]
