@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from gpufeed import ranks_env
 from gpufeed import thresholds as th
-from gpufeed.autotune.controller import DECLINED, START, SWITCH, Controller, _Window
+from gpufeed.autotune.controller import DECLINED, START, SWITCH, Controller, _Window, window_skip
 from gpufeed.autotune.memory import batch_bytes
 from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
@@ -292,8 +292,7 @@ class Coordinator:
             return {"next": n + self.min_batches}
         settings, why, period_s = ask
         switching = settings != self.loader.settings
-        pool = settings.num_workers * (settings.prefetch_factor or 0) if settings.num_workers else 0
-        skip = max(1, pool) if switching else 1
+        skip = window_skip(settings, switching, n)
         self._asked = (settings, period_s)
         counted = (math.ceil(period_s * self._batch_rate * 1.05) if self._batch_rate else 0)
         return {"settings": settings.to_dict(), "skip": skip, "period_s": period_s, "why": why,

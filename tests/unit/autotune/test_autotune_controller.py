@@ -307,3 +307,19 @@ def test_the_search_measures_the_live_models_pick_against_its_prediction():
     search = Search(measure, user, 2, confirm_pairs=0)
     result = search.run()
     assert search.model.agreement is not None and result.best.settings.num_workers > 4
+
+
+def test_the_runs_warm_up_batches_are_not_your_settings_first_half():
+    """The first DEFAULT_WARMUP_STEPS batches (first kernels, the first pool's start) are left out, as
+    diagnose leaves them out: slow ones there do not make the halves differ (the search's noise)."""
+    seen = {"n": 0}
+
+    def cost(settings, controller):
+        seen["n"] += 1
+        while seen["n"] == 1 and controller._asks.empty():  # the search has asked for the first window
+            time.sleep(0.001)
+        step, wait = batch_time(settings)
+        return (step + 0.5, wait + 0.5) if seen["n"] <= th.DEFAULT_WARMUP_STEPS else (step, wait)
+    controller, _ = simulate(LoaderSettings(num_workers=1), cost=cost, period_s=2.0)
+    first, second = (e["period"]["samples_per_s"] for e in periods(controller)[:2])
+    assert first == pytest.approx(second, rel=0.02)
