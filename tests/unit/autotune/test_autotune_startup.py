@@ -106,3 +106,27 @@ def test_a_start_up_within_the_noise_is_not_tried_while_the_search_runs():
     assert first["iter_share"] + first["startup_share"] < 0.03 and first["wait_share"] > 0.05
     assert controller.settled is not None  # the search ran to its end
     assert not tried_persistent(controller) and not loader.settings.persistent_workers
+
+
+def test_the_live_model_takes_each_epochs_restart_out_of_the_steady_batch():
+    """A period of non-persistent workers with epoch starts in it: its restart time (iter() and the
+    first batches) over those starts is the model's start-up u, not a slower batch; the model then
+    predicts persistent workers faster by about that time, and the steady rate for the rest."""
+    from gpufeed.autotune.model import live_costs, live_what_if
+    from gpufeed.analysis.whatif import predict, Spread
+    s = LoaderSettings(num_workers=1, prefetch_factor=2, persistent_workers=False)
+    # 4 s, 100 batches, 4 epoch starts costing 0.2 s each (0.8 s: 20%), the rest a 32 ms step
+    p = Period(s, 200.0, 0.10, 0.5, 4.0, 100, startup_share=0.10, cores_used=1.2, main_cores=0.8,
+               host_busy_cores=1.2, compute_cores=0.8, iter_share=0.10, epoch_starts=4)
+    c = live_costs(p, 2, 25, False)
+    assert c.startup_s == pytest.approx(0.2)
+    assert c.compute_s == pytest.approx(0.032)          # (4 s - 0.8 s of restarts) / 100, no steady wait
+    spread = Spread(c, c, c)
+    restarting = predict(spread, 1, False).samples_per_s
+    kept = predict(spread, 1, True).samples_per_s
+    assert kept > 1.15 * restarting
+    assert live_what_if(p, 2, 25, False).best.persistent_workers
+    # Without an epoch start in the period there is no u to read: no start-up, as before
+    quiet = live_costs(Period(s, 200.0, 0.10, 0.5, 4.0, 100, cores_used=1.2, main_cores=0.8,
+                              compute_cores=0.8), 2, 25, False)
+    assert quiet.startup_s == 0.0
