@@ -52,7 +52,9 @@ OTHER_PROGRAM_MIN_CORES = 0.1
 WORKER_MULTITHREAD_CPU_RATIO = 1.3
 
 # -- Worker start-up --------------------------------------------------------------------------------
-# Start-up paid each epoch is worth fixing once it costs as much as a flagged data wait.
+# Start-up paid each epoch is worth fixing once it costs as much as a flagged data wait (diagnose's
+# worker_restart / loader_rebuilt findings). tune and autotune try persistent workers once it costs
+# more than their own measured noise instead (at least TUNE_NOISE_FLOOR): they measure the fix.
 WORKER_STARTUP_SHARE_FLAG = 0.05
 
 # -- Host-to-device copies ----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ class Scenario:
     pin_memory: bool = False
     batch_size: int = 32
     epochs: int = 1
+    rebuilt: bool = False             # the loader built anew each epoch at one site (a loader_id an epoch)
     autotune_pools: int = 1           # worker pools per epoch: --autotune switched mid-epoch between them
     steps_per_epoch: int = 200
     compute_s: float = 0.010          # per step, after the batch arrives
@@ -128,6 +129,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
               "multiprocessing_context": sc.multiprocessing_context}
     if sc.offload is not None:
         config["offload"] = sc.offload
+    if sc.rebuilt:
+        config["site"] = "train.py:12"
     t_first = t
     switches = 0
     restarts: list[tuple[float, float]] = []
@@ -140,8 +143,8 @@ def write_run(path: Path, sc: Scenario) -> Path:
             all_workers += workers
             t_created = t
             iter_id = epoch * sc.autotune_pools
-            events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": iter_id, "loader_id": 0,
-                          "t_created": t_created, "t_ready": t_created + 0.001, "worker_pids": workers,
+            events.write({"kind": "iterator", "pid": MAIN_PID, "iter_id": iter_id,
+                          "loader_id": epoch if sc.rebuilt else 0, "t_created": t_created, "t_ready": t_created + 0.001, "worker_pids": workers,
                           "config": config, **({"torch_threads": sc.train_torch_threads}
                                                if sc.train_torch_threads is not None else {})})
             rows, cuda_rows, h2d_rows = [], [], []

@@ -35,97 +35,19 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
 from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
+from gpufeed.autotune.window import Window, window_skip
 from gpufeed.settings import REORDER_NOTE, random_stream_note
 from gpufeed.tune.result import FAILED, OK, TrialRun
 
 # The event's ``action``s (docs/run-record.md).
 START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, DRIFT, ERROR, DECLINED = (
     "start", "measured", "switch", "hold", "refused", "recover", "crash", "settled", "drift", "error", "declined")
-
-
-@dataclass
-class _Window:
-    """One decision period being measured: the batches delivered by a pool with ``settings``."""
-
-    settings: LoaderSettings
-    why: str
-    skip: int                       # batches the pool may have made ahead (prefetched) before it counts
-    period_s: float                 # how long it lasts (at least)
-    seen: int = 0
-    t0: float | None = None
-    t_last: float | None = None
-    batches: int = 0
-    samples: int = 0
-    wait_s: float = 0.0
-    startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
-    iter_s: float = 0.0             # iter(loader) starting each epoch's pool (forking its workers): no next() waits it
-    worker_cpu0: dict[int, float] = field(default_factory=dict)
-    main_cpu0: float | None = None
-    host_busy0: float | None = None
-    # The training process's CPU outside next(): from each delivery to the next request (its compute)
-    cpu_delivered: float | None = None
-    compute_cpu_s: float | None = None
-
-    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool,
-            cpu_request: float | None, cpu_deliver: float) -> None:
-        self.seen += 1
-        if self.seen > self.skip and cpu_request is not None and self.cpu_delivered is not None:
-            self.compute_cpu_s = (self.compute_cpu_s or 0.0) + max(cpu_request - self.cpu_delivered, 0.0)
-        self.cpu_delivered = cpu_deliver
-        if self.seen <= self.skip:
-            self.t0 = t_deliver
-            return
-        self.batches += 1
-        self.samples += samples
-        self.wait_s += t_deliver - t_request
-        if first_of_epoch:
-            self.startup_s += t_deliver - t_request
-        self.t_last = t_deliver
-
-    def done(self, min_batches: int) -> bool:
-        return (self.t_last is not None and self.batches >= min_batches
-                and self.t_last - self.t0 >= self.period_s)
-
-    def add_iter(self, seconds: float) -> None:
-        """An epoch's pool started inside the window (``iter()``): its time is the input pipeline's."""
-        if self.t0 is not None and self.seen >= self.skip:
-            self.iter_s += seconds
-
-    def observe(self, worker_pids: Callable[[], list[int]], t_request: float, t_deliver: float, samples: int,
-                first_of_epoch: bool, cpu_request: float | None) -> None:
-        """One batch of this window's pool: the CPU readings start with the first one counted."""
-        if self.seen == self.skip - 1 or (self.seen == 0 and self.skip == 1):
-            self.worker_cpu0 = _cpu_times(worker_pids())
-            self.main_cpu0 = time.process_time()
-            self.host_busy0 = _host_busy_s()
-        self.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
-
-    def period(self) -> Period:
-        """What the window measured so far, as a decision period."""
-        elapsed = max(self.t_last - self.t0, 1e-9)
-        cpu1 = _cpu_times(list(self.worker_cpu0))
-        busy = cores = None
-        main = time.process_time() - self.main_cpu0 if self.main_cpu0 is not None else None
-        if self.worker_cpu0 and set(cpu1) == set(self.worker_cpu0):  # the same workers throughout
-            workers_cpu = sum(cpu1[p] - self.worker_cpu0[p] for p in cpu1)
-            busy = workers_cpu / (elapsed * len(cpu1))
-            cores = None if main is None else (main + workers_cpu) / elapsed
-        elif not self.settings.num_workers and main is not None:
-            cores = main / elapsed
-        host1 = _host_busy_s()
-        host = None if host1 is None or self.host_busy0 is None else (host1 - self.host_busy0) / elapsed
-        return Period(self.settings, self.samples / elapsed, self.wait_s / elapsed, busy, elapsed,
-                      self.batches, self.startup_s / elapsed, cores,
-                      None if main is None else main / elapsed, host,
-                      None if self.compute_cpu_s is None else self.compute_cpu_s / elapsed,
-                      iter_share=self.iter_s / elapsed)
 
 
 class Controller:
@@ -152,9 +74,10 @@ class Controller:
         self._log = log
         self._asks: queue.Queue = queue.Queue()        # (settings, why, period_s) from the search thread
         self._answers: queue.Queue = queue.Queue()     # Period | str (why it failed)
-        self._window: _Window | None = None
+        self._window: Window | None = None
         self._crashed_workers: int | None = None       # no setting with this many workers again
         self._epoch_started = False                    # the next batch is an epoch's first
+        self._batches_seen = 0                         # batches delivered so far (the warm-up's first ones)
         self._search = None
         self._ready: dict[LoaderSettings, list[Period]] = {}  # periods already measured, for the search's next trials of them
         self.user_rate: float | None = None            # the user's settings' measured samples/s
@@ -207,6 +130,7 @@ class Controller:
         if self._batch_bytes is None and batch is not None:
             self._batch_bytes = batch_bytes(batch) or 0
         first_of_epoch, self._epoch_started = self._epoch_started, False
+        self._batches_seen += 1
         window = self._window
         if window is None:
             try:
@@ -214,8 +138,8 @@ class Controller:
             except queue.Empty:
                 return None
             switching = settings != self.loader.settings
-            pool = settings.num_workers * (settings.prefetch_factor or 0) if settings.num_workers else 0
-            window = self._window = _Window(settings, why, skip=max(1, pool) if switching else 1, period_s=period_s)
+            window = self._window = Window(settings, why, skip=window_skip(settings, switching, self._batches_seen - 1),
+                                            period_s=period_s)
             if switching:
                 return settings  # measured from the new pool's batches on
         if source != window.settings:
@@ -337,7 +261,9 @@ class Controller:
         if isinstance(period, str):
             return TrialRun(status=FAILED, samples_per_s=None, elapsed_s=0.0, reason=period)
         noise = self._search.noise if self._search is not None else th.TUNE_NOISE_FLOOR
-        if self.user_rate and period.samples_per_s < self.user_rate * (1 - noise):
+        # Your own settings below their own rate are their noise, not a setting to recover from (the
+        # image-folder script's first half at -7% of the halves' mean cost a period "back to" them).
+        if self.user_rate and settings != self.loader.user and period.samples_per_s < self.user_rate * (1 - noise):
             best = self._search.best if self._search is not None else None
             back = normalized(best.settings, self.loader.user) if best is not None and best.ok else self.loader.user
             self._measure(back, f"back to {back.label()} for a period: {settings.label()} measured "
@@ -386,33 +312,6 @@ def _batches_per_epoch(loader: Any) -> float | None:
         return float(len(loader))
     except TypeError:  # an IterableDataset without a length
         return None
-
-
-def _host_busy_s() -> float | None:
-    """CPU seconds every program has spent on the host so far (all cores, idle and iowait left out),
-    from /proc/stat: what other programs take is this less the job's own."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = sum(fields[3:5])  # idle, iowait
-    guest = sum(fields[8:10])  # already counted in user and nice
-    return (sum(fields) - idle - guest) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
-
-
-def _cpu_times(pids: list[int]) -> dict[int, float]:
-    """Each live process's CPU seconds (user + system), from /proc: no import in the user's process."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    out: dict[int, float] = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[pid] = (int(fields[11]) + int(fields[12])) / ticks
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
 
 
 def _reorder_said(reorder: dict | None, best: LoaderSettings) -> str | None:

@@ -16,9 +16,14 @@ instead of a record:
   threads spend while the loop waits inside it shrinks with the wait), and the cores other programs
   used (``/proc/stat``'s busy time less the job's).
 
-What the totals cannot give (start-up per epoch, the spread over batches) is left out: the model then
-ties persistent and non-persistent workers, and the search's own fixes decide persistence as in
-``tune``. The prediction is only where the search starts: the period measured there decides.
+Non-persistent workers start again with each epoch: the period's restart time (iter() and each
+epoch's first batch, ``restart_share``: diagnose's definition) over the epochs that started in it is
+the start-up ``u`` of an epoch, taken out of the steady per-batch costs above (left in, a start-up of
+a third of the time read as workers three times slower, and the model picked num_workers=0 over the
+persistent worker it could not tell apart: the image-folder script). A period without an epoch start
+cannot give it: the model then ties persistent and non-persistent workers, and the search's own fixes
+decide persistence as in ``tune``. What the totals cannot give (the spread over batches) is left out.
+The prediction is only where the search starts: the period measured there decides.
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ class Period:
     # of the wall time, iter(loader) starting each epoch's pool (forking its workers) inside the
     # period: the input pipeline's cost that no next() waited, as diagnose's startup_in_iter_share
     iter_share: float = 0.0
+    epoch_starts: int = 0         # epochs that started inside the period (their first batch counted in it)
 
     @property
     def input_share(self) -> float:
@@ -76,6 +82,7 @@ class Period:
                 "worker_busy": None if self.worker_busy is None else round(self.worker_busy, 3),
                 "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
                 "startup_share": round(self.startup_share, 4), "iter_share": round(self.iter_share, 4),
+                "epoch_starts": self.epoch_starts,
                 "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
                 "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
                 "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
@@ -91,7 +98,7 @@ class Period:
                    data.get("worker_busy"), data["elapsed_s"], data["batches"], data.get("startup_share", 0.0),
                    data.get("cores_used"), data.get("main_cores"), data.get("host_busy_cores"),
                    data.get("compute_cores"), data.get("node_cores_used"), data.get("node_ranks", 1),
-                   iter_share=data.get("iter_share", 0.0))
+                   iter_share=data.get("iter_share", 0.0), epoch_starts=data.get("epoch_starts", 0))
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None,
               max_workers: int | None = None, ranks: int = 1) -> "LiveFacts":
@@ -180,15 +187,21 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, 
     and the period's batches stand in, a lower bound that caps no workers)."""
     if period.batches < 1 or period.elapsed_s <= 0 or period.main_cores is None or period.cores_used is None:
         return None
-    per_batch = period.elapsed_s / period.batches
     workers = period.settings.num_workers or 0
-    compute = per_batch * (1.0 - period.wait_share)
-    main = period.main_cores * per_batch
-    outside = None if period.compute_cores is None else period.compute_cores * per_batch  # CPU outside next()
+    # Each epoch's restart (non-persistent workers): its own term u, out of the steady per-batch costs
+    restart_s = (period.restart_share * period.elapsed_s
+                 if workers and not period.settings.persistent_workers and period.epoch_starts else 0.0)
+    restart_s = min(restart_s, 0.9 * period.elapsed_s)
+    wait_s = period.wait_share * period.elapsed_s - (period.startup_share * period.elapsed_s if restart_s else 0.0)
+    per_batch = (period.elapsed_s - restart_s) / period.batches   # the steady time a batch takes
+    cpu_per_batch = period.elapsed_s / period.batches             # CPU readings are over the whole period
+    compute = max(per_batch - max(wait_s, 0.0) / period.batches, 0.0)  # outside next() and iter()
+    main = period.main_cores * cpu_per_batch
+    outside = None if period.compute_cores is None else period.compute_cores * cpu_per_batch  # CPU outside next()
     if workers:
         if period.worker_busy is None:
             return None  # the pool changed during the period: its CPU is not known
-        cpu = max(period.cores_used - period.main_cores, 0.0) * per_batch
+        cpu = max(period.cores_used - period.main_cores, 0.0) * cpu_per_batch
         sleep = max(workers * per_batch - cpu, 0.0)
         handoff = 0.0  # in the pool's CPU already
         # The training process's CPU per batch is its compute's: what its threads spent while the loop
@@ -205,8 +218,9 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, 
         job = period.node_cores_used if period.node_cores_used is not None else period.cores_used * max(ranks, 1)
         others = min(max(period.host_busy_cores - job, 0.0), cpu_count * th.WHATIF_MAX_OTHER_SHARE)
     return Costs(cpu_s=cpu, sleep_s=sleep, handoff_s=handoff, compute_s=compute, receive_s=0.0, main_cpu_s=main,
-                 # a live period measures its pool's start-up inside itself: no separate start or stop cost
-                 startup_s=0.0, spawn_s=0.0, stop_s=0.0,
+                 # the period measures an epoch's whole restart (forking, first batch, the old pool's
+                 # stop before it): u alone, no separate fork or stop terms
+                 startup_s=restart_s / period.epoch_starts if restart_s else 0.0, spawn_s=0.0, stop_s=0.0,
                  batches_per_epoch=batches_per_epoch or period.batches, whole_epochs=batches_per_epoch is not None,
                  samples_per_batch=period.samples_per_s * per_batch, cores=float(cpu_count), other_cores=others,
                  workers=workers, persistent=bool(period.settings.persistent_workers), cuda=cuda,

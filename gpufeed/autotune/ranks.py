@@ -37,7 +37,8 @@ from typing import Any, Callable
 
 from gpufeed import ranks_env
 from gpufeed import thresholds as th
-from gpufeed.autotune.controller import DECLINED, START, SWITCH, Controller, _Window
+from gpufeed.autotune.controller import DECLINED, START, SWITCH, Controller
+from gpufeed.autotune.window import Window, window_skip
 from gpufeed.autotune.memory import batch_bytes
 from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
@@ -106,7 +107,7 @@ class Coordinator:
         self.exchanges = 0
         self.sync_s = 0.0          # time spent in exchanges, all told
         self.off: str | None = None  # why the ranks no longer coordinate (None: they do)
-        self.window: _Window | None = None
+        self.window: Window | None = None
         self._first_of_epoch = False
         self._started = False
         self._crash: dict[str, Any] | None = None
@@ -292,8 +293,7 @@ class Coordinator:
             return {"next": n + self.min_batches}
         settings, why, period_s = ask
         switching = settings != self.loader.settings
-        pool = settings.num_workers * (settings.prefetch_factor or 0) if settings.num_workers else 0
-        skip = max(1, pool) if switching else 1
+        skip = window_skip(settings, switching, n)
         self._asked = (settings, period_s)
         counted = (math.ceil(period_s * self._batch_rate * 1.05) if self._batch_rate else 0)
         return {"settings": settings.to_dict(), "skip": skip, "period_s": period_s, "why": why,
@@ -310,7 +310,7 @@ class Coordinator:
         if "settings" not in decision:
             return None  # the window goes on
         settings = normalized(LoaderSettings.from_dict(decision["settings"]), self.loader.user)
-        self.window = _Window(settings, decision.get("why", ""), skip=decision["skip"], period_s=decision["period_s"])
+        self.window = Window(settings, decision.get("why", ""), skip=decision["skip"], period_s=decision["period_s"])
         return settings if settings != self.loader.settings else None
 
     def _fall_back(self, why: str, said_by_rank0: bool = False) -> LoaderSettings | None:

@@ -42,7 +42,7 @@ from gpufeed.analysis.batches import in_order_gain
 from gpufeed.analysis.rules.facts import workers_asleep
 from gpufeed.analysis.whatif import fed_workers
 from gpufeed.settings import LoaderSettings
-from gpufeed.tune.causes import causes_shown
+from gpufeed.tune.causes import causes_shown, steady_spread
 from gpufeed.tune.confirm import confirmed_or_kept, run_pairs
 from gpufeed.tune.memory_cap import MemoryReading, available_in_run, workers_that_fit
 from gpufeed.tune.model_start import ModelStart, waits_for_data as _waits_for_data
@@ -97,6 +97,7 @@ class Search:
         self.clock = clock
         self.trials: dict[LoaderSettings, Trial] = {}
         self.noise = th.TUNE_NOISE_FLOOR
+        self.startup_noise = th.TUNE_NOISE_FLOOR  # the spread with start-up taken out (causes.steady_spread)
         self.best: Trial | None = None
         self._fixes_tried: dict[str, float] = {}  # setting -> how strong its cause was when last tried
         self.model = ModelStart(self)  # the what-if model's pick, and what it says of the ladder
@@ -238,6 +239,9 @@ class Search:
         spreads = [t.spread for t in self.trials.values() if t.spread is not None]
         measured = statistics.median(spreads) if spreads else (_run_noise(self.trials[self.baseline_settings]) or 0.0)
         self.noise = min(max(th.TUNE_NOISE_FLOOR, measured), th.TUNE_NOISE_CAP)
+        steady = [s for s in (steady_spread(t) for t in self.trials.values()) if s is not None]
+        self.startup_noise = (min(max(th.TUNE_NOISE_FLOOR, statistics.median(steady)), th.TUNE_NOISE_CAP)
+                              if steady else self.noise)
 
     # -- comparing, with the noise ---------------------------------------------------------------------
     def _beats(self, a: Trial, b: Trial) -> bool:
@@ -346,7 +350,7 @@ class Search:
         change). One that does not is tried again only once its cause has doubled: worker start-up,
         say, costs 10% of the run with 1 worker and 50% with 8 (measured, bench/results), and
         persistent workers pay off only then."""
-        for cause in causes_shown(trial):
+        for cause in causes_shown(trial, self.startup_noise):
             tried_at = self._fixes_tried.get(cause.setting)
             if tried_at is not None and cause.strength < th.TUNE_CAUSE_RETRY_FACTOR * tried_at:
                 continue
@@ -425,7 +429,7 @@ class Search:
         """(why, change) for each setting a measured cause on the best configuration points at."""
         if not self.best.settings.num_workers:
             return
-        for cause in causes_shown(self.best):  # still showing on the best: try them there
+        for cause in causes_shown(self.best, self.startup_noise):  # still showing on the best: try them there
             yield cause.why, cause.change
         waits = _waits_for_data(self.best)
         for factor in th.TUNE_PREFETCH_CHOICES:

@@ -34,6 +34,16 @@ def restart_share(m: Metrics) -> float | None:
     return sum(p or 0.0 for p in parts)
 
 
+def startup_cost_share(m: Metrics) -> float | None:
+    """What starting workers costs, the one definition that the worker_restart and loader_rebuilt
+    findings, the what-if model's restart terms and tune's and autotune's persistent-workers fix
+    (``tune/causes.py``) all read: ``restart_share`` where workers started inside the window (a live
+    decision period's iter() and first batches), else the run's start-ups (creation to first batch)
+    over its span; None where neither was measured."""
+    share = restart_share(m)
+    return m.worker_startup_share if share is None else share
+
+
 def steady_input_share(m: Metrics) -> float | None:
     """The input pipeline's share once its workers run: ``input_share`` less ``restart_share``, the wait
     that more workers, more CPU or faster storage can buy back (restarts have their own fix)."""

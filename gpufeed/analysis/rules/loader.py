@@ -7,7 +7,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis.context import Context
 from gpufeed.analysis.findings import Finding, severity_for
 from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, input_bound, model_describes_the_run,
-                                          offloaded, restart_share,
+                                          offloaded, startup_cost_share,
                                           steady_input_share, without_dataloader,
                                           worker_cap, workers_asleep, workers_multithreaded, workers_runnable)
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
@@ -188,16 +188,14 @@ def worker_restart(ctx: Context) -> Finding | None:
     """Workers started again every epoch: by the loader itself (``persistent_workers=False``), or
     because the script builds the loader anew each epoch, where ``persistent_workers`` cannot help.
 
-    The cost is measured where it falls inside the window (``facts.restart_share``): in iter(loader),
+    The cost is measured where it falls inside the window (``facts.startup_cost_share``): in iter(loader),
     in each epoch's first next(), and on a CPU-only run in the steps after the fork (copy-on-write),
     which a wait in next() never shows. A window without a restart in it: the share of the run's
     start-ups (first batch included) over its span."""
     m, t = ctx.metrics, ctx.training
     if t is None or not m.num_workers or m.iterators < 2 or offloaded(m):
         return None
-    share = restart_share(m)
-    if share is None:
-        share = m.worker_startup_share
+    share = startup_cost_share(m)
     if share is None or share < th.WORKER_STARTUP_SHARE_FLAG:
         return None
     workers = f"{m.num_workers} worker{'s' if m.num_workers > 1 else ''}"

@@ -110,9 +110,13 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
     cow, fork_s = copy_on_write(record, training.pid, its, compute, cfg.get("multiprocessing_context"))
     if not workers and fork_s is not None:  # this process's own fork, measured: a larger one forks slower
         spawns = fork_s
-    period = epoch_period(its, m, pauses) if workers and not cfg.get("persistent_workers") else None
+    # persistent_workers=True on a loader built anew each epoch keeps nothing: its workers start again
+    # with each build, as non-persistent ones do (the loader_rebuilt finding's cost). Read as persistent,
+    # the model put "your settings" at the persistent rate and the fix at 1.00x of it.
+    persistent = bool(cfg.get("persistent_workers")) and training.rebuilt <= 1
+    period = epoch_period(its, m, pauses) if workers and not persistent else None
     handoff = None
-    if workers and (cfg.get("persistent_workers") or len(its) == 1):  # else start-up CPU would count too
+    if workers and (persistent or len(its) == 1):  # else start-up CPU would count too
         handoff = handoff_per_batch(record, set(training.worker_pids), every_row, spans)
     # What the run could not show (None here) is a documented default, named in ``assumed``: the ranges
     # cover it (formulas.predict). Without workers, r (next() on a ready batch) never happened.
@@ -134,7 +138,7 @@ def measure_costs(record: RunRecord, training: LoaderSummary | None, m: Metrics)
                      receive_s=float(receive), main_cpu_s=main, startup_s=startups, spawn_s=spawns, stop_s=stops,
                      batches_per_epoch=per_epoch, whole_epochs=whole_epochs,
                      samples_per_batch=batch, cores=float(m.cpu_count), other_cores=others, workers=workers,
-                     persistent=bool(cfg.get("persistent_workers")), cuda=m.cuda_used, epoch_period_s=period,
+                     persistent=persistent, cuda=m.cuda_used, epoch_period_s=period,
                      step_threads=threads, spin_s=spin, cpu_beside_s=beside, cow_s=cow,
                      worker_cpu_s=None if in_worker is None else _q(in_worker, q),
                      worker_threads=_worker_threads(record, training.worker_pids), ranks=max(len(m.ranks), 1),

@@ -31,7 +31,7 @@ class Costs:
     cores: float                 # C: the cores the job may use
     other_cores: float           # o: cores other programs kept busy during the run (a shared machine)
     workers: int                 # w (w0 in I's formula): the run's num_workers
-    persistent: bool             # (no symbol) the run's persistent_workers
+    persistent: bool             # (no symbol) the run's workers kept between epochs: persistent_workers on a loader built once
     cuda: bool                   # (no symbol) the step ran on a GPU: d = u = 0, and g does not shrink with the CPU
     # P (in I's formula): non-persistent workers: the median time from one epoch's iterator to the next,
     # measured (None: fewer than two epochs, or persistent workers). It gives the start-up that is

@@ -4,7 +4,7 @@ argparse ``-j/--workers`` flag, non-persistent workers and short epochs, and the
 
 It makes its own images (a class a folder) so that it needs no download:
 
-    python image_folder.py DATA_DIR [-j 1] [--epochs 5] [-b 16] [--seed 0] [--size 96]
+    python image_folder.py DATA_DIR [-j 1] [--epochs 5] [-b 16] [--seed 0] [--size 96] [--per-class 60]
 
 Each epoch prints ``epoch E  Ns  S samples/s`` from its own clock, and ``trained on N samples``.
 """
@@ -69,10 +69,11 @@ def main():
     p.add_argument("-b", "--batch-size", default=16, type=int)
     p.add_argument("--seed", default=0, type=int)
     p.add_argument("--size", default=96, type=int)
+    p.add_argument("--per-class", default=60, type=int, help="images made per class (a small fine-tuning set: fewer)")
     p.add_argument("--width", default=32, type=int, help="the model's channels: its compute per batch")
     args = p.parse_args()
     torch.manual_seed(args.seed)
-    make_images(args.data, size=args.size)
+    make_images(args.data, per_class=args.per_class, size=args.size)
     dataset = ImageFolder(args.data, crop=args.size - 16)
     train_loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True,  # the training loader
                               num_workers=args.workers, pin_memory=False)

@@ -163,6 +163,29 @@ def test_worker_restart_each_epoch_is_amortised(tmp_path):
     assert restart.samples_per_s == pytest.approx(w.measured_samples_per_s, rel=0.05)
 
 
+def test_persistent_workers_on_a_loader_rebuilt_each_epoch_start_again_all_the_same(tmp_path):
+    """persistent_workers=True keeps nothing on a loader built anew each epoch: the model's "your
+    settings" restart their workers each epoch (as the loader_rebuilt finding counts them), and the
+    fix, built once with persistent workers, is predicted a gain, not the 1.00x of reading the
+    flag (issue 36: the finding charged 25% of the time to start-up, the model tied the fix)."""
+    restarting = dict(num_workers=2, epochs=10, steps_per_epoch=30, startup_s=0.3, warmup_steps=0, wait_s=0.0005,
+                      compute_s=0.010, fetch_wall_s=0.015, fetch_cpu_s=0.002)
+    rebuilt = run(tmp_path, Scenario(persistent_workers=True, rebuilt=True, **restarting))
+    assert rebuilt.cannot_predict is None and not rebuilt.costs.persistent
+    yours = rebuilt.predictions[0]
+    assert not yours.persistent_workers
+    assert yours.samples_per_s == pytest.approx(rebuilt.measured_samples_per_s, rel=0.05)
+    built_once = answer_run(tmp_path / "run", persistent=True).predictions[0]
+    assert built_once.samples_per_s > 1.5 * yours.samples_per_s
+    # Built once, the same flag is read as it is: its workers are kept.
+    kept = answer_run(write_run(tmp_path / "once", Scenario(persistent_workers=True, **restarting)))
+    assert kept.costs.persistent and kept.predictions[0].persistent_workers
+
+    diag = analyze(tmp_path / "run")
+    found = next(f for f in diag.findings if f.id == "loader_rebuilt")
+    assert found.gain is not None and found.gain["speedup"] > 1.5, found.recommendation
+
+
 def test_diagnosis_carries_the_block_and_json(tmp_path):
     d = analyze(write_run(tmp_path / "run", STORAGE))
     data = json.loads(json.dumps(d.to_dict()))["what_if"]

@@ -95,6 +95,25 @@ def test_your_settings_cost_one_period_before_the_search_leaves_them():
     assert controller.user_rate == pytest.approx((first["samples_per_s"] + second["samples_per_s"]) / 2, rel=1e-4)
 
 
+def test_your_own_settings_measured_below_their_mean_are_not_recovered_from():
+    """The two halves of your settings' period straddle their own mean: the slower half is their
+    noise, and a period "back to" the same settings would be one more at the settings to improve."""
+    slow_first = {"n": 0}
+
+    def cost(settings, controller):
+        step, wait = batch_time(settings)
+        if settings == controller.loader.user and controller.user_rate is None:
+            slow_first["n"] += 1
+            if slow_first["n"] <= 18:  # in the first half (about 23 batches of 43 ms): 20% slower
+                return step * 1.2, wait + step * 0.2
+        return step, wait
+    controller, _ = simulate(LoaderSettings(num_workers=1), cost=cost, period_s=2.0)
+    halves = periods(controller)[:2]
+    assert halves[0]["period"]["samples_per_s"] < controller.user_rate * (1 - th.TUNE_NOISE_FLOOR)
+    assert not any(e["action"] == RECOVER and e["period"]["settings"] == controller.loader.user.to_dict()
+                   for e in controller.events)
+
+
 def test_never_two_periods_in_a_row_below_the_users_throughput():
     controller, _ = simulate(LoaderSettings(num_workers=4))  # the user's settings are already the best
     rates = [e["period"]["samples_per_s"] for e in periods(controller)]
@@ -291,3 +310,19 @@ def test_the_search_measures_the_live_models_pick_against_its_prediction():
     search = Search(measure, user, 2, confirm_pairs=0)
     result = search.run()
     assert search.model.agreement is not None and result.best.settings.num_workers > 4
+
+
+def test_the_runs_warm_up_batches_are_not_your_settings_first_half():
+    """The first DEFAULT_WARMUP_STEPS batches (first kernels, the first pool's start) are left out, as
+    diagnose leaves them out: slow ones there do not make the halves differ (the search's noise)."""
+    seen = {"n": 0}
+
+    def cost(settings, controller):
+        seen["n"] += 1
+        while seen["n"] == 1 and controller._asks.empty():  # the search has asked for the first window
+            time.sleep(0.001)
+        step, wait = batch_time(settings)
+        return (step + 0.5, wait + 0.5) if seen["n"] <= th.DEFAULT_WARMUP_STEPS else (step, wait)
+    controller, _ = simulate(LoaderSettings(num_workers=1), cost=cost, period_s=2.0)
+    first, second = (e["period"]["samples_per_s"] for e in periods(controller)[:2])
+    assert first == pytest.approx(second, rel=0.02)

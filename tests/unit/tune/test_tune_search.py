@@ -729,3 +729,62 @@ def test_in_order_false_loses_ties_to_the_ordered_configuration():
     workload = Workload(cpu_bound, diagnosis=with_in_order(0.15))  # no faster unordered
     result = run_search(workload, start(2), allow_reorder=True)
     assert result.reorder["tried"] is True and result.best.settings.in_order is not False
+
+
+def test_persistent_workers_are_a_cause_once_start_up_costs_more_than_the_noise():
+    """Issue 36.2: the search's noise is the bar (at least TUNE_NOISE_FLOOR), not a fixed 5%; the cost
+    is diagnose's ``startup_cost_share`` (iter() and each epoch's first batch where they fell inside
+    the run, else the start-ups over the span)."""
+    from gpufeed.tune.causes import causes_shown
+    from gpufeed.tune.result import Trial
+
+    def trial(startup, persistent=False, **shares):
+        diag = fake_diagnosis(startup=startup)
+        diag.metrics.__dict__.update(shares)
+        settings = LoaderSettings(num_workers=2, persistent_workers=persistent)
+        return Trial(1, settings, "x", [TrialRun(OK, 100.0, 1.0, diagnosis=diag)])
+
+    def persistent_cause(t, noise):
+        return [c for c in causes_shown(t, noise) if c.setting == "persistent_workers"]
+
+    assert persistent_cause(trial(0.04), 0.03)                      # above the noise, under the old 5% bar
+    assert not persistent_cause(trial(0.04), 0.06)                  # within a noisier search's noise
+    assert not persistent_cause(trial(0.025), 0.0)                  # the floor: a tie whatever was measured
+    assert not persistent_cause(trial(0.30, persistent=True), 0.03)  # already persistent
+    # Where the restart fell inside the run, its parts are the cost (diagnose's restart_share).
+    inside = trial(0.01, startup_in_iter_share=0.03, restart_wait_share=0.02)
+    assert persistent_cause(inside, 0.04)[0].strength == pytest.approx(0.05)
+
+
+def test_start_up_is_weighed_against_the_noise_with_start_up_taken_out():
+    """Two halves of a live period, one holding an epoch's start and one not (the image-folder script:
+    69 against 165 samples/s): their raw spread is the start-up itself, so start-up could never clear
+    it. With each half's start-up taken out of its time they agree, and persistent workers are tried;
+    two halves that differ with no start-up in either stay noisy."""
+    from gpufeed.tune.causes import steady_spread
+    from gpufeed.tune.result import Trial
+
+    def half(rate, startup):
+        return TrialRun(OK, rate, 1.0, diagnosis=fake_diagnosis(startup=startup))
+
+    epoch_start_in_one = Trial(0, start(1), "your settings", [half(100.0, 0.5), half(200.0, 0.0)])
+    assert epoch_start_in_one.spread == pytest.approx(100.0 / 150.0)
+    assert steady_spread(epoch_start_in_one) == pytest.approx(0.0)
+    truly_noisy = Trial(0, start(1), "your settings", [half(100.0, 0.0), half(200.0, 0.0)])
+    assert steady_spread(truly_noisy) == pytest.approx(truly_noisy.spread)
+    assert steady_spread(Trial(0, start(1), "x", [half(100.0, 0.5)])) is None       # one run: no spread
+    no_reading = Trial(0, start(1), "x", [TrialRun(OK, 100.0, 1.0), half(100.0, 0.0)])
+    assert steady_spread(no_reading) is None                                          # nothing to take out
+
+    # In the search: the start-up (20% of the first half) clears the steady noise, not the raw one (22%).
+    runs = iter([half(100.0, 0.2), half(125.0, 0.0)])
+    tried: list[LoaderSettings] = []
+
+    def measure(settings, why):
+        tried.append(settings)
+        return next(runs, None) or TrialRun(OK, 110.0, 1.0, diagnosis=fake_diagnosis(startup=0.0))
+
+    search = Search(measure, start(1), cpu_count=2, max_workers=2, confirm_pairs=0)
+    search.run()
+    assert search.startup_noise == th.TUNE_NOISE_FLOOR           # start-up taken out: the halves agree
+    assert any(s.persistent_workers for s in tried)

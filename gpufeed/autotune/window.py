@@ -1,0 +1,157 @@
+"""One decision period being measured (``controller.py``'s window): the batches a pool delivered, the
+waits, each epoch's restart, and the CPU of the training process, its workers (those that exited
+too) and the host over the period."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpufeed import thresholds as th
+from gpufeed.autotune.model import Period
+from gpufeed.settings import LoaderSettings
+
+@dataclass
+class Window:
+    """One decision period being measured: the batches delivered by a pool with ``settings``."""
+
+    settings: LoaderSettings
+    why: str
+    skip: int                       # batches the pool may have made ahead (prefetched) before it counts
+    period_s: float                 # how long it lasts (at least)
+    seen: int = 0
+    t0: float | None = None
+    t_last: float | None = None
+    batches: int = 0
+    samples: int = 0
+    wait_s: float = 0.0
+    startup_s: float = 0.0          # the waits for each epoch's first batch (a pool starting)
+    epoch_starts: int = 0           # epochs whose first batch the window counted
+    iter_s: float = 0.0             # iter(loader) starting each epoch's pool (forking its workers): no next() waits it
+    worker_cpu0: dict[int, float] = field(default_factory=dict)
+    children_cpu0: float | None = None  # the CPU of the training process's exited children (reaped workers)
+    worker_pids: Callable[[], list[int]] | None = None
+    main_cpu0: float | None = None
+    host_busy0: float | None = None
+    # The training process's CPU outside next(): from each delivery to the next request (its compute)
+    cpu_delivered: float | None = None
+    compute_cpu_s: float | None = None
+
+    def add(self, t_request: float, t_deliver: float, samples: int, first_of_epoch: bool,
+            cpu_request: float | None, cpu_deliver: float) -> None:
+        self.seen += 1
+        if self.seen > self.skip and cpu_request is not None and self.cpu_delivered is not None:
+            self.compute_cpu_s = (self.compute_cpu_s or 0.0) + max(cpu_request - self.cpu_delivered, 0.0)
+        self.cpu_delivered = cpu_deliver
+        if self.seen <= self.skip:
+            self.t0 = t_deliver
+            return
+        self.batches += 1
+        self.samples += samples
+        self.wait_s += t_deliver - t_request
+        if first_of_epoch:
+            self.startup_s += t_deliver - t_request
+            self.epoch_starts += 1
+        self.t_last = t_deliver
+
+    def done(self, min_batches: int) -> bool:
+        return (self.t_last is not None and self.batches >= min_batches
+                and self.t_last - self.t0 >= self.period_s)
+
+    def add_iter(self, seconds: float) -> None:
+        """An epoch's pool started inside the window (``iter()``): its time is the input pipeline's."""
+        if self.t0 is not None and self.seen >= self.skip:
+            self.iter_s += seconds
+
+    def observe(self, worker_pids: Callable[[], list[int]], t_request: float, t_deliver: float, samples: int,
+                first_of_epoch: bool, cpu_request: float | None) -> None:
+        """One batch of this window's pool: the CPU readings start with the first one counted."""
+        if self.seen == self.skip - 1 or (self.seen == 0 and self.skip == 1):
+            self.worker_pids = worker_pids
+            self.worker_cpu0 = _cpu_times(worker_pids())
+            self.children_cpu0 = _children_cpu_s()
+            self.main_cpu0 = time.process_time()
+            self.host_busy0 = _host_busy_s()
+        self.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
+
+    def period(self) -> Period:
+        """What the window measured so far, as a decision period."""
+        elapsed = max(self.t_last - self.t0, 1e-9)
+        cpu1 = _cpu_times(list(self.worker_cpu0))
+        busy = cores = None
+        main = time.process_time() - self.main_cpu0 if self.main_cpu0 is not None else None
+        workers_cpu = None
+        if self.worker_cpu0 and set(cpu1) == set(self.worker_cpu0):  # the same workers throughout
+            workers_cpu = sum(cpu1[p] - self.worker_cpu0[p] for p in cpu1)
+        elif self.worker_cpu0 and self.settings.num_workers and self.children_cpu0 is not None:
+            # Pools started again inside the period (non-persistent workers, an epoch's start): the
+            # workers that exited are reaped children, their whole CPU in the process's children time
+            # (os.times); the live ones read from /proc, less what the first pool had spent before.
+            now = _cpu_times(self.worker_pids() if self.worker_pids is not None else [])
+            children = _children_cpu_s()
+            if children is not None:
+                workers_cpu = max((children - self.children_cpu0) + sum(now.values())
+                                  - sum(self.worker_cpu0.values()), 0.0)
+        if workers_cpu is not None:
+            busy = workers_cpu / (elapsed * (self.settings.num_workers or len(cpu1)))
+            cores = None if main is None else (main + workers_cpu) / elapsed
+        elif not self.settings.num_workers and main is not None:
+            cores = main / elapsed
+        host1 = _host_busy_s()
+        host = None if host1 is None or self.host_busy0 is None else (host1 - self.host_busy0) / elapsed
+        return Period(self.settings, self.samples / elapsed, self.wait_s / elapsed, busy, elapsed,
+                      self.batches, self.startup_s / elapsed, cores,
+                      None if main is None else main / elapsed, host,
+                      None if self.compute_cpu_s is None else self.compute_cpu_s / elapsed,
+                      iter_share=self.iter_s / elapsed, epoch_starts=self.epoch_starts)
+
+
+def window_skip(settings: LoaderSettings, switching: bool, delivered: int) -> int:
+    """Batches a new window leaves out before it counts: a new pool's prefetched ones (made while the
+    old pool drained: they would overstate it), else the run's warm-up (first kernels, allocations,
+    the first pool's start), the ``DEFAULT_WARMUP_STEPS`` diagnose leaves out too; ``delivered``:
+    batches the run delivered before this one. The image-folder script's first half-period, warm-up
+    in it, read 57 samples/s against 145 for the second: a 25% "noise" that hid a 10% start-up."""
+    if switching:
+        pool = settings.num_workers * (settings.prefetch_factor or 0) if settings.num_workers else 0
+        return max(1, pool)
+    return max(th.DEFAULT_WARMUP_STEPS - delivered, 1)
+
+
+
+def _host_busy_s() -> float | None:
+    """CPU seconds every program has spent on the host so far (all cores, idle and iowait left out),
+    from /proc/stat: what other programs take is this less the job's own."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = sum(fields[3:5])  # idle, iowait
+    guest = sum(fields[8:10])  # already counted in user and nice
+    return (sum(fields) - idle - guest) / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def _children_cpu_s() -> float | None:
+    """CPU seconds of this process's exited and reaped children (a DataLoader's workers, joined when
+    their pool shuts down)."""
+    try:
+        t = os.times()
+    except OSError:
+        return None
+    return t.children_user + t.children_system
+
+
+def _cpu_times(pids: list[int]) -> dict[int, float]:
+    """Each live process's CPU seconds (user + system), from /proc: no import in the user's process."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[pid] = (int(fields[11]) + int(fields[12])) / ticks
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
