@@ -93,7 +93,7 @@ def user_code_hotspot(ctx: Context) -> Finding | None:
     share = f.busy_s / total
     if share < th.USER_CODE_HOTSPOT_SHARE:
         return None
-    waiting = f.wait_share is not None and f.wait_share > 0.5
+    waiting = f.wait_share is not None and f.wait_share > th.USER_CODE_WAITING_SHARE
     # The call it spends the most of what dominates in: its waiting, or its CPU
     top = max(f.calls, key=lambda c: (c.wait_s or 0.0) if waiting else c.cpu_s)
     part = (top.wait_s or 0.0) if waiting else top.cpu_s
@@ -148,5 +148,5 @@ def user_code_hotspot(ctx: Context) -> Finding | None:
                   "samples": prof.samples, "worker_cpu_busy_share": busy, "input_share": share_in,
                   "profiled": "next" if in_loop else "workers"},
         thresholds={"share": th.USER_CODE_HOTSPOT_SHARE, "samples": th.USER_CODE_MIN_SAMPLES,
-                    "input_share": th.DATA_WAIT_SHARE_FLAG, "waiting": 0.5},
+                    "input_share": th.DATA_WAIT_SHARE_FLAG, "waiting": th.USER_CODE_WAITING_SHARE},
     )

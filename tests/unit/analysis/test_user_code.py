@@ -263,7 +263,12 @@ def test_profiler_files_waiting_apart_from_cpu(free_alarm):
     aug_cpu, aug_wait = by["_augment"]
     # Measured here (2 cores, loaded): read_blob 97-99% waiting, augment 95-99% CPU; the bound leaves room
     # for the wait a tick splits at a function's edge (at most one tick's worth a wait)
-    assert read_wait / (read_wait + read_cpu) >= 0.8 and aug_cpu / (aug_cpu + aug_wait) >= 0.8, by
+    assert read_wait / (read_wait + read_cpu) >= 0.8, by
+    # augment's CPU: where other tests left Python threads running in this process, augment waits for the
+    # GIL they hold, a real wait (a lock) filed where it happens; alone, it is CPU
+    import threading
+    others = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()]
+    assert aug_cpu / (aug_cpu + aug_wait) >= (0.8 if not others else 0.5), (by, others)
     assert "sleep()" in calls, calls
     # Every blocked second is filed somewhere: wall - CPU - the run queue, within 10% (the last tick's
     # wait not yet filed when stopped, at most one interval, and the clocks read a few us apart)
