@@ -24,7 +24,7 @@ under whatever ran next (hence the run queue, subtracted). A tick that lands in 
 lock, ``poll``: interrupted, PEP 475; a read the kernel restarts: as it returns) runs the handler in the
 frame that waits. But a wait's end lies in the next tick's delta, where the thread may be in another
 function: filing each delta where its tick landed gave half of a 10 ms sleep beside 10 ms of CPU to the CPU
-function (/tmp experiment, the commit's message). So each tick is followed ``WALL_CHECK_S`` later by a check:
+function (bench/results/worker_profile.md). So each tick is followed ``WALL_CHECK_S`` later by a check:
 the thread went straight back to waiting (the tick interrupted a wait in that frame), or not. A delta
 between a check that found a wait and the next tick is that wait's end; between a tick and its check,
 where the check found waiting, the tick's wait; a delta no check placed (waits shorter than the interval)
