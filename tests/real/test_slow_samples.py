@@ -83,10 +83,11 @@ def test_a_function_that_waits_is_named_apart_from_one_on_the_cpu(tmp_path):
         waited[p["pid"]] = waited.get(p["pid"], 0.0) + sum(r[5] for r in p["stacks"]) + p["wait_unfiled_s"]
         runqueue[p["pid"]] = runqueue.get(p["pid"], 0.0) + p["runqueue_s"]
     aug_cpu, aug_wait = by["augment"]
-    # Mostly CPU: measured 0.80 on 2 loaded cores (0.89-0.97 in-process, tests/unit): read's 6 ms waits are
-    # shorter than the 10 ms tick, and the part no tick landed in is shared as the checks found it, so some
-    # of it lands beside read; 0.7 leaves that room and still tells CPU from waiting
-    assert aug_cpu / (aug_cpu + aug_wait) >= 0.7, by
+    # Mostly CPU: measured 0.63-0.90 over 7 runs on 2 loaded cores (0.84-0.97 in-process, tests/unit): read's
+    # 6 ms waits are shorter than the 20 ms tick, and the part no tick landed in is shared as the checks
+    # found the thread waiting, so some lands beside read; and the worker's own threads (the probe's flush)
+    # hold the GIL now and then, a real wait filed where it happens. 0.6 still tells CPU from waiting
+    assert aug_cpu / (aug_cpu + aug_wait) >= 0.6, by
     # Each worker's waiting in the user's code against its fetch rows' wall - CPU (the rows time each batch
     # made): within 15% plus its time waiting for a core, which is in the rows' wall but no function's
     # waiting. The rest of the slack: a wait at a batch's edge filed by the tick beside it (one 10 ms
