@@ -527,3 +527,7 @@ MATCH_MAX_LATE_SHARE = 0.05
 # samples (0.2 s of the workers' CPU at the profiler's 10 ms), below which a share is noise.
 USER_CODE_HOTSPOT_SHARE = 0.5
 USER_CODE_MIN_SAMPLES = 20
+# Where the workers' waiting is sampled (the wall-clock sampler), the share is of their time making batches
+# (CPU + waiting in the user's code), and the fix follows what holds more than half of the function's time:
+# its waiting (storage, sleep, a lock) or its CPU.
+USER_CODE_WAITING_SHARE = 0.5

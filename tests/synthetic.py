@@ -98,6 +98,9 @@ class Scenario:
     # Each worker's ``profile`` stacks ([site, function, call, cpu_s, samples], ...) and its CPU outside them
     profile: list[list] | None = None
     profile_outside_s: float = 0.0
+    # The wall-clock sampler's (rows then carry wait_s as their 6th column): each worker's waiting outside
+    # the user's code and its time waiting for a core; None: not armed
+    profile_waits: tuple[float, float] | None = None
 
 
 def _loop_rows(events: JsonlWriter, sc: Scenario, t: float) -> float:
@@ -310,7 +313,9 @@ def _write_fetches(path: Path, sc: Scenario, workers: list[int], t0: float, t1: 
         if sc.profile is not None:
             writer.write({"kind": "profile", "pid": pid, "interval_s": 0.01, "outside_s": sc.profile_outside_s,
                           "samples": sum(r[4] for r in sc.profile) + round(sc.profile_outside_s / 0.01),
-                          "stacks": sc.profile})
+                          "stacks": sc.profile,
+                          **({"wall_interval_s": 0.01, "wait_outside_s": sc.profile_waits[0], "wait_unfiled_s": 0.0,
+                              "runqueue_s": sc.profile_waits[1]} if sc.profile_waits is not None else {})})
         writer.write({"kind": "fetches", "pid": pid, "worker_id": n,
                       "torch_threads": sc.worker_torch_threads, "rows": rows})
         writer.close()

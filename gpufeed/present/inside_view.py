@@ -3,16 +3,18 @@ the batches goes by the user's code, as an icicle chart, and the loop's wait for
 as a stacked bar. Both are geometry for inline SVG (no script, no network); the template escapes every
 label (jinja2 autoescape).
 
-The icicle: the top row is all the CPU sampled (the training loader's workers', or with ``num_workers=0``
-the training process's inside ``next()``), the second its split by the user's function (``file:line
-function``) and the CPU outside the user's code (torch's collate, pickling), the third each function's
-split by the library call beneath it (``own Python code`` where there is none). A box's width is its CPU.
+The icicle: the top row is all the time sampled making batches (the training loader's workers' CPU and
+their waiting in the user's code, or with ``num_workers=0`` the training process's CPU inside ``next()``),
+the second its split by the user's function (``file:line function``), each as its CPU then its waiting (a
+second colour), and the CPU outside the user's code (torch's collate, pickling), the third each function's
+split by the call beneath it (``own Python code`` where there is none). A box's width is its seconds.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from gpufeed.analysis import Diagnosis
+from gpufeed.analysis.worker_profile import loader_profile
 from gpufeed.record.reader import RunRecord
 
 WIDTH = 1000          # SVG user units across
@@ -29,50 +31,46 @@ def _clip(text: str, width: float) -> str | None:
     return text if len(text) <= fits else text[:max(fits - 1, 1)] + "…"
 
 
-def _box(x: float, row: int, w: float, label: str, cpu: float, total: float, kind: str) -> dict[str, Any]:
+def _box(x: float, row: int, w: float, label: str, seconds: float, total: float, kind: str,
+         what: str = "of CPU") -> dict[str, Any]:
     return {"x": round(x, 2), "y": row * ROW, "w": round(max(w, 0.0), 2), "kind": kind, "label": label,
-            "text": _clip(label, w), "title": f"{label}: {cpu:.3f} s of CPU, {cpu / total:.1%}"}
+            "text": _clip(label, w), "title": f"{label}: {seconds:.3f} s {what}, {seconds / total:.1%}"}
 
 
 def profile_view(record: RunRecord, d: Diagnosis) -> dict[str, Any] | None:
     """The icicle's boxes for the training loader's profile; None where it was not profiled."""
-    t = d.training
-    if t is None:
+    if d.training is None:
         return None
-    pids = t.worker_pids or [t.pid]
-    functions: dict[tuple[str, str], float] = {}
-    calls: dict[tuple[str, str], dict[str | None, float]] = {}
-    outside, samples, scope = 0.0, 0, None
-    for pid in pids:
-        prof = record.profiles.get(pid)
-        if not prof:
-            continue
-        scope = prof.get("scope") or "worker"
-        outside += prof.get("outside_s") or 0.0
-        samples += prof.get("samples") or 0
-        for (site, function, call), (cpu, _n) in prof["stacks"].items():
-            functions[(site, function)] = functions.get((site, function), 0.0) + cpu
-            per = calls.setdefault((site, function), {})
-            per[call] = per.get(call, 0.0) + cpu
-    total = sum(functions.values()) + outside
-    if total <= 0:
+    prof = loader_profile(record, d.training)
+    total = prof.busy_s if prof is not None else 0.0
+    if prof is None or total <= 0:
         return None
     scale = WIDTH / total
-    whose = ("the training process's CPU inside next(loader) (num_workers=0)" if scope == "next"
-             else f"the DataLoader workers' CPU ({len(pids)} worker{'s' if len(pids) != 1 else ''})")
-    boxes = [_box(0, 0, WIDTH, f"all sampled: {whose}", total, total, "all")]
+    n = prof.processes
+    if prof.scope == "next":
+        whose = "the training process's CPU inside next(loader) (num_workers=0)"
+    else:
+        whose = (f"the DataLoader workers' {'CPU and waiting' if prof.waits else 'CPU'} "
+                 f"({n} worker{'s' if n != 1 else ''})")
+    boxes = [_box(0, 0, WIDTH, f"all sampled: {whose}", total, total, "all", "")]
     x = 0.0
-    for (site, function), cpu in sorted(functions.items(), key=lambda kv: -kv[1]):
-        boxes.append(_box(x, 1, cpu * scale, f"{site} {function}", cpu, total, "function"))
+    for f in prof.functions:
+        name = f"{f.site} {f.function}"
+        boxes.append(_box(x, 1, f.cpu_s * scale, name, f.cpu_s, total, "function"))
+        if f.wait_s:
+            boxes.append(_box(x + f.cpu_s * scale, 1, f.wait_s * scale, f"{name} waiting", f.wait_s, total,
+                              "wait", "waiting"))
         cx = x
-        for call, ccpu in sorted(calls[(site, function)].items(), key=lambda kv: -kv[1]):
-            boxes.append(_box(cx, 2, ccpu * scale, call or "own Python code", ccpu, total, "call"))
-            cx += ccpu * scale
-        x += cpu * scale
-    if outside > 0:
-        boxes.append(_box(x, 1, outside * scale, OUTSIDE, outside, total, "outside"))
-    return {"width": WIDTH, "height": 3 * ROW, "boxes": boxes, "samples": samples, "total_s": total,
-            "scope": scope, "whose": whose}
+        for c in f.calls:
+            label = c.call or "own Python code"
+            boxes.append(_box(cx, 2, c.busy_s * scale, label, c.busy_s, total, "call",
+                              f"({c.cpu_s:.3f} s of CPU, {c.wait_s or 0.0:.3f} s waiting)"))
+            cx += c.busy_s * scale
+        x += f.busy_s * scale
+    if prof.outside_s > 0:
+        boxes.append(_box(x, 1, prof.outside_s * scale, OUTSIDE, prof.outside_s, total, "outside"))
+    return {"width": WIDTH, "height": 3 * ROW, "boxes": boxes, "samples": prof.samples, "total_s": total,
+            "scope": prof.scope, "whose": whose, "waits": prof.waits, "runqueue_s": prof.runqueue_s}
 
 
 # The stacked bar's stages, in the order a batch passes them, with their colours

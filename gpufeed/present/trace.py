@@ -17,8 +17,9 @@ order) and its hand-over (and, nested in that, its batch's pinning, where torch 
 row matched), where the step is matched to its batch (``analysis/batches.py``'s ``matched_steps``).
 The sampling profiler's CPU by the user's code is a counter on each profiled process
 (a worker, or the training process with ``num_workers=0``): each function's CPU per second since the
-profile before, its top functions and the rest, and an instant event at its last profile with the
-process's totals.
+profile before, its top functions and the rest; where the worker's waiting was sampled, a second counter
+beside it, each function's waiting (I/O, sleep, locks) per second; and an instant event at its last
+profile with the process's totals.
 
 Times are microseconds since the first event, from the host's monotonic clock, which every
 process of the run shares, so the slices and counters line up as they happened. A counter holds
@@ -182,19 +183,25 @@ PROFILE_TOP = 8
 
 def _profiles(record: RunRecord, us: Any) -> Iterator[Event]:
     """The profiler's CPU by the user's code: per process, a counter of each top function's CPU per second
-    (ms of CPU per s) since the profile event before; an instant event with the totals at the last one."""
+    (ms of CPU per s) since the profile event before, one of its waiting where that was sampled; an instant
+    event with the totals at the last one."""
     for pid, prof in record.profiles.items():
         totals: dict[str, float] = {}
-        for (site, function, _call), (cpu, _n) in prof["stacks"].items():
+        waits: dict[str, float] = {}
+        for (site, function, _call), (cpu, _n, *wait) in prof["stacks"].items():
             totals[f"{site} {function}"] = totals.get(f"{site} {function}", 0.0) + cpu
-        top = sorted(totals, key=lambda k: -totals[k])[:PROFILE_TOP]
+            if wait and wait[0] is not None:
+                waits[f"{site} {function}"] = waits.get(f"{site} {function}", 0.0) + wait[0]
+        top = sorted(totals, key=lambda k: -(totals[k] + waits.get(k, 0.0)))[:PROFILE_TOP]
         timeline = sorted(prof.get("timeline") or [], key=lambda x: x[0])
-        name = "CPU by your code (ms per s)" + (" inside next()" if prof.get("scope") == "next" else "")
+        scope = " inside next()" if prof.get("scope") == "next" else ""
+        name, wait_name = f"CPU by your code (ms per s){scope}", f"waiting in your code (ms per s){scope}"
         # The first profile's CPU is since the process's first batch (a worker's fetch, or next())
         starts = [float(f.rows.t_start[0]) for f in record.fetches if f.pid == pid and len(f.rows)]
         starts += [float(it.steps.t_request[0]) for it in record.iterators if it.pid == pid and len(it.steps)]
         last_t = min(starts, default=None)
-        for t, by_function, outside in timeline:
+        waited = False
+        for t, by_function, outside, *wait_part in timeline:
             span = (t - last_t) if last_t is not None else None
             last_t = t
             if not span or span <= 0:
@@ -206,22 +213,37 @@ def _profiles(record: RunRecord, us: Any) -> Iterator[Event]:
             counter = _counter(pid, name, us(t - span), values)
             if counter is not None:
                 yield counter
+            by_wait, wait_outside = wait_part if len(wait_part) == 2 else (None, None)
+            if by_wait is not None:  # the waits were sampled (None: N/A, no counter)
+                waited = True
+                values = {k: by_wait.get(k, 0.0) / span * 1000 for k in top}
+                values["other functions"] = sum(v for k, v in by_wait.items() if k not in top) / span * 1000
+                values["outside your code (between batches)"] = (wait_outside or 0.0) / span * 1000
+                counter = _counter(pid, wait_name, us(t - span), values)
+                if counter is not None:
+                    yield counter
         if timeline and last_t is not None:  # nothing sampled after the last profile: the counter ends at 0
-            closing = _counter(pid, name, us(last_t), {k: 0.0 for k in [*top, "other functions", "outside your code"]})
-            if closing is not None:
-                yield closing
+            for counter_name, rest_name in ((name, "outside your code"),
+                                            *(((wait_name, "outside your code (between batches)"),) if waited else ())):
+                closing = _counter(pid, counter_name, us(last_t), {k: 0.0 for k in [*top, "other functions", rest_name]})
+                if closing is not None:
+                    yield closing
         if timeline or totals:
             all_cpu = sum(totals.values()) + (prof.get("outside_s") or 0.0)
+            busy = all_cpu + sum(waits.values())
             at = timeline[-1][0] if timeline else None
             if at is None:
                 continue  # an older record: no time to place it at
+            of = "sampled" if not waits else "sampled (CPU and waiting)"
             yield {"ph": "i", "s": "p", "cat": "profile", "pid": pid, "tid": pid, "ts": us(at),
-                   "name": f"profile: {top[0]} {totals[top[0]] / all_cpu:.0%} of {all_cpu:.2f} s sampled" if top and all_cpu > 0
-                   else "profile: nothing in your code",
+                   "name": (f"profile: {top[0]} {(totals[top[0]] + waits.get(top[0], 0.0)) / busy:.0%} of {busy:.2f} s {of}"
+                            if top and busy > 0 else "profile: nothing in your code"),
                    "args": {"scope": prof.get("scope"), "samples": prof.get("samples"), "outside_s": round(prof.get("outside_s") or 0.0, 4),
                             "cpu_s": {k: round(totals[k], 4) for k in top},
-                            "calls": [[site, function, call, round(cpu, 4), n]
-                                      for (site, function, call), (cpu, n) in sorted(prof["stacks"].items(), key=lambda kv: -kv[1][0])]}}
+                            "wait_s": {k: round(waits.get(k, 0.0), 4) for k in top} if waits else None,
+                            "wait_outside_s": prof.get("wait_outside_s"), "runqueue_s": prof.get("runqueue_s"),
+                            "calls": [[site, function, call, round(cpu, 4), n, None if not wait or wait[0] is None else round(wait[0], 4)]
+                                      for (site, function, call), (cpu, n, *wait) in sorted(prof["stacks"].items(), key=lambda kv: -kv[1][0])]}}
 
 
 def _autotune(record: RunRecord, us: Any) -> Iterator[Event]:

@@ -171,9 +171,11 @@ class RunRecord:
     # `batch_parts` events by pid: a map-style worker's batches, its samples and collate timed
     batch_parts: dict[int, BatchParts] = field(default_factory=dict)
     # `profile` events by pid, summed: a worker's stack samples by the user's code (measure/inside/profiler.py):
-    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples]}, "scope":
+    # {"interval_s", "samples", "outside_s", "stacks": {(site, function, call): [cpu_s, samples, wait_s]}, "scope":
     # "worker" or "next" (the training process inside next(), num_workers=0), "timeline": [(t, {"site
-    # function": cpu_s}, outside_s)] each event's CPU since the one before, at its flush (empty in older records)}
+    # function": cpu_s}, outside_s, {"site function": wait_s}, wait_outside_s)] each event's since the one
+    # before, at its flush (empty in older records); the wall-clock sampler's "wall_interval_s",
+    # "wait_outside_s", "runqueue_s", "wait_unfiled_s" (wait_s and these None where it was not armed: N/A)}
     profiles: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -354,23 +356,41 @@ def load_run(run_dir: str | Path, meta: schema.RunMeta | None = None) -> RunReco
                 shm.append(ev)
             elif kind == "profile":
                 prof = profiles.setdefault(pid, {"interval_s": ev.get("interval_s"), "samples": 0, "outside_s": 0.0,
-                                                 "stacks": {}, "scope": ev.get("scope") or "worker", "timeline": []})
+                                                 "stacks": {}, "scope": ev.get("scope") or "worker", "timeline": [],
+                                                 "wall_interval_s": None, "wait_outside_s": None, "runqueue_s": None,
+                                                 "wait_unfiled_s": None})
                 prof["samples"] += ev.get("samples") or 0
                 prof["outside_s"] += ev.get("outside_s") or 0.0
+                # The wall-clock sampler's (absent in older records, and where it was not armed: None, N/A)
+                for name in ("wait_outside_s", "runqueue_s", "wait_unfiled_s"):
+                    if isinstance(ev.get(name), (int, float)):
+                        prof[name] = (prof[name] or 0.0) + ev[name]
+                if isinstance(ev.get("wall_interval_s"), (int, float)):
+                    prof["wall_interval_s"] = ev["wall_interval_s"]
                 by_function: dict[str, float] = {}
+                waits: dict[str, float] = {}
                 for row in ev.get("stacks") or []:
-                    if not (isinstance(row, list) and len(row) == len(schema.PROFILE_STACK_COLUMNS)):
+                    # [site, function, call, cpu_s, samples] before the waits; [..., wait_s] since
+                    if not (isinstance(row, list) and len(schema.PROFILE_STACK_COLUMNS) - 1 <= len(row)
+                            <= len(schema.PROFILE_STACK_COLUMNS)):
                         continue
                     stack = dict(zip(schema.PROFILE_STACK_COLUMNS, row))
                     if isinstance(stack["cpu_s"], (int, float)) and isinstance(stack["samples"], (int, float)):
                         cell = prof["stacks"].setdefault((str(stack["site"]), str(stack["function"]), stack["call"]),
-                                                         [0.0, 0])
+                                                         [0.0, 0, None])
                         cell[0] += stack["cpu_s"]
                         cell[1] += stack["samples"]
                         name = f"{stack['site']} {stack['function']}"
                         by_function[name] = by_function.get(name, 0.0) + stack["cpu_s"]
+                        wait = stack.get("wait_s")
+                        if isinstance(wait, (int, float)):
+                            cell[2] = (cell[2] or 0.0) + wait
+                            waits[name] = waits.get(name, 0.0) + wait
                 if isinstance(ev.get("t"), (int, float)):  # the flush's time (older records: none)
-                    prof["timeline"].append((float(ev["t"]), by_function, float(ev.get("outside_s") or 0.0)))
+                    wait_outside = ev.get("wait_outside_s")
+                    prof["timeline"].append((float(ev["t"]), by_function, float(ev.get("outside_s") or 0.0),
+                                             waits if isinstance(wait_outside, (int, float)) else None,
+                                             float(wait_outside) if isinstance(wait_outside, (int, float)) else None))
             elif kind == "batch_parts":
                 rows, slow = part_rows.setdefault(pid, ([], []))
                 rows.extend(ev["rows"])

@@ -63,12 +63,18 @@ Event lines (``events/<pid>.jsonl``), one JSON object each, told apart by ``kind
 ``batch_parts`` pid, rows of [t_start, samples_s, collate_s, sample_max_s, sample_p50_s, samples]
               (PART_COLUMNS), slow of [t_start, index, seconds]: a map-style DataLoader worker's batches
               with each dataset[i] call timed (its slowest samples named, only the tail)
+<<<<<<< HEAD
 ``pins``      pid, rows of [thread, t_start, t_end, bytes] (PIN_COLUMNS): each batch torch pinned
               (pin_memory=True with an accelerator), timed around the module-level pin_memory() of
               torch.utils.data._utils.pin_memory; thread: the native id of the thread that pinned it (an
               iterator's ``pin_thread``); bytes: the pinned tensors' (measure/inside/pinning.py)
 ``profile``   pid, interval_s, samples, outside_s, stacks of [site, function, call, cpu_s, samples]: a DataLoader
               worker's CPU by the user's own code since its last flush (measure/inside/profiler.py)
+=======
+``profile``   pid, interval_s, samples, outside_s, stacks of [site, function, call, cpu_s, samples, wait_s]: a
+              DataLoader worker's CPU and waiting by the user's own code since its last flush, with
+              wall_interval_s, wait_outside_s, wait_unfiled_s, runqueue_s (measure/inside/profiler.py)
+>>>>>>> wait-profile
 ``shm``       pid, t, path, free_b, total_b, batch_b, tensors, sharing_strategy, worker_id: once per DataLoader
               worker, /dev/shm's free space and size just before its first batch, and that batch's bytes in
               shared memory (its tensors' storages); written at once (measure/inside/shm.py)
@@ -127,7 +133,7 @@ FETCH_COLUMNS = ("t_start", "t_end", "cpu_s", "samples")
 PART_COLUMNS = ("t_start", "samples_s", "collate_s", "sample_max_s", "sample_p50_s", "samples")
 PIN_COLUMNS = ("thread", "t_start", "t_end", "bytes")  # ``pins`` rows: one batch pinned
 SLOW_COLUMNS = ("t_start", "index", "seconds")  # a batch_parts event's ``slow`` rows
-PROFILE_STACK_COLUMNS = ("site", "function", "call", "cpu_s", "samples")  # a profile event's ``stacks`` rows
+PROFILE_STACK_COLUMNS = ("site", "function", "call", "cpu_s", "samples", "wait_s")  # a profile event's ``stacks`` rows
 CUDA_COLUMNS = ("index", "gpu_idle_s", "mem_allocated_b", "mem_reserved_b", "mem_peak_b")
 H2D_COLUMNS = ("t", "bytes", "host_s", "pinned", "copy_s", "non_blocking", "on_step_stream", "api")
 # ``loop`` rows (measure/inside/loop.py): one timed part of a loop's training. part: 0 the model's

@@ -114,7 +114,9 @@ EVENTS: dict[str, tuple[dict[str, Check], dict[str, Check]]] = {
     "override": ({"pid": int}, {"site": str | None, "settings": dict | None, "refused": dict | None}),
     "exit": ({"pid": int}, {"t": float | None, "reason": str | None, "exit_code": int | None, "error": str | None}),
     "memory": ({"pid": int}, {"t": float | None}),
-    "profile": ({"pid": int, "samples": int}, {"interval_s": float | None, "outside_s": float | None, "stacks": list | None}),
+    "profile": ({"pid": int, "samples": int}, {"interval_s": float | None, "outside_s": float | None, "stacks": list | None,
+                                                  "wall_interval_s": float | None, "wait_outside_s": float | None,
+                                                  "wait_unfiled_s": float | None, "runqueue_s": float | None}),
     "pins": ({"pid": int, "rows": _rows(len(schema.PIN_COLUMNS), 3)}, {}),  # thread, t_start, t_end
     "batch_parts": ({"pid": int, "rows": _rows(len(schema.PART_COLUMNS), 1)}, {"slow": list | None}),
     "shm": ({"pid": int, "t": float}, {"free_b": int | None, "total_b": int | None, "batch_b": int | None,

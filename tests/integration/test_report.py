@@ -427,8 +427,13 @@ def test_profile_icicle_and_wait_by_stage(tmp_path, browser):
     assert widest["label"].startswith("costly_function.py:") and widest["label"].endswith(" augment"), functions
     whole = next(b for b in drawn["boxes"] if b["kind"] == "all")
     assert widest["w"] >= 0.5 * whole["w"], (widest, whole)
+    # a function is its CPU box and, beside it, its waiting box where it waited (this dataset mostly does not)
+    waits = {b["label"][:-len(" waiting")]: b for b in drawn["boxes"] if b["kind"] == "wait"}
+    for name, w in waits.items():
+        assert abs(w["x"] - next(f["x"] + f["w"] for f in functions if f["label"] == name)) < 0.5, (waits, functions)
+    spans = [(f["x"], f["x"] + f["w"] + (waits[f["label"]]["w"] if f["label"] in waits else 0.0)) for f in functions]
     calls = [b for b in drawn["boxes"] if b["kind"] == "call"]
-    assert calls and all(any(f["x"] - 0.5 <= c["x"] and c["x"] + c["w"] <= f["x"] + f["w"] + 0.5 for f in functions)
+    assert calls and all(any(x0 - 0.5 <= c["x"] and c["x"] + c["w"] <= x1 + 0.5 for x0, x1 in spans)
                          for c in calls), "each call box lies under its function"
     split = diag["batches"]
     stages = {k: pts for k, pts, _w in drawn["stages"]}

@@ -222,3 +222,25 @@ def test_stages_and_profile_by_hand(tmp_path):
     assert counters[0]["args"]["outside your code"] == pytest.approx(100)
     instant = next(e for e in events if e.get("cat") == "profile")
     assert instant["pid"] == 11 and instant["name"].startswith("profile: ds.py:7 load") and instant["args"]["cpu_s"]["ds.py:7 load"] == 0.1
+    assert instant["args"]["wait_s"] is None  # no waits sampled in this record: N/A, and no waiting counter
+    assert not [e for e in events if e["ph"] == "C" and e["name"].startswith("waiting in your code")]
+
+
+def test_profile_waiting_is_a_counter_beside_the_cpu(tmp_path):
+    """Profile events with the waits sampled: a second counter, each function's waiting per second."""
+    from tests.unit.analysis.test_slow_samples import _record
+    _record(tmp_path, fetches_w0=[(0.0, 0.09), (0.09, 0.145)], fetches_w1=[(0.0, 0.02), (0.02, 0.04)],
+            steps=[(0.0, 0.10), (0.11, 0.111), (0.12, 0.15), (0.16, 0.161)])
+    with (tmp_path / "run" / "events" / "11.jsonl").open("a") as f:
+        for t, wait in ((0.05, 0.03), (0.15, 0.05)):
+            f.write(json.dumps({"kind": "profile", "pid": 11, "t": t, "interval_s": 0.01, "samples": 2, "outside_s": 0.0,
+                                "wall_interval_s": 0.01, "wait_outside_s": 0.01, "wait_unfiled_s": 0.0, "runqueue_s": 0.001,
+                                "stacks": [["ds.py:7", "read_blob", "read()", 0.002, 1, wait],
+                                           ["ds.py:9", "augment", None, 0.01, 1, 0.0]]}) + "\n")
+    events = validate(write_trace(tmp_path / "run", tmp_path / "t.json"))
+    waits = [e for e in events if e["ph"] == "C" and e["name"].startswith("waiting in your code") and e["pid"] == 11]
+    # 30 ms waited in the first 50 ms, 50 in the next 100; then the counter closes at 0
+    assert [round(c["args"]["ds.py:7 read_blob"]) for c in waits] == [600, 500, 0], waits
+    assert waits[0]["args"]["outside your code (between batches)"] == pytest.approx(200)
+    instant = next(e for e in events if e.get("cat") == "profile")
+    assert instant["args"]["wait_s"]["ds.py:7 read_blob"] == 0.08 and "CPU and waiting" in instant["name"]

@@ -1,4 +1,8 @@
-"""Where a DataLoader worker's CPU time goes, by the user's code (issue 35.1): a sampling profiler.
+"""Where a DataLoader worker's time goes, by the user's code (issue 35.1): a sampling profiler of its CPU
+and of its waiting (I/O, sleep, locks).
+
+(Over 450 lines: the CPU sampler, the wall-clock one and the training process's ``LoopProfiler`` share the
+walk to the user's frame and the cells they file into; split, each would import the others' internals.)
 
 A CPU-time interval timer (``setitimer(ITIMER_PROF)``, SIGPROF) fires each time the worker has used
 ``INTERVAL_S`` of CPU; Python runs the handler in the worker's main thread at its next bytecode, with that
@@ -7,13 +11,30 @@ thread's ``thread_time``) is filed under the first frame of the user's own files
 the standard library, not an installed package, not torch or gpufeed; a comprehension is filed under the
 function holding it), with the library call beneath it (``PIL/Image.py:convert`` under
 ``dataset.py:41 load``). A sample without a user frame above the worker loop is the worker outside the
-user's code (torch's collate, pickling: ``outside_s``).
+user's code (torch's collate, pickling: ``outside_s``). The CPU samples are the CPU's truth.
 
-Measured before this choice: a thread sampling ``sys._current_frames`` on a wall-clock timer filed a
-pure-Python loop's time under the sleep beside it (a sample waits for the GIL, and lands where the worker
-lets go of it), and a wall-clock SIGALRM filed a loaded machine's scheduling delays under whatever ran
-next. CPU samples are where the CPU went; a worker's waiting (I/O, sleep) is its fetch rows' wall time
-beyond their CPU time, not filed by function here.
+The waiting: a wall-clock timer (``ITIMER_REAL``, SIGALRM, one-shot and re-armed by its handler) ticks every
+``WALL_INTERVAL_S``. At each tick the thread's blocked time since the last one is its wall time less its CPU
+less its time runnable on a run queue (``/proc/thread-self/schedstat``'s second field): waiting for a core
+is the machine's, not the function's, and is kept apart as the worker's ``runqueue_s``. Measured before
+this design: a thread sampling ``sys._current_frames`` misfiled a pure-Python loop's time under the sleep
+beside it (the sampler waits for the GIL, and lands where the worker lets go of it), and a wall-clock
+SIGALRM that filed all of wall - CPU under the frame it found filed a loaded machine's scheduling delays
+under whatever ran next (hence the run queue, subtracted). A tick that lands in a wait (``time.sleep``, a
+lock, ``poll``: interrupted, PEP 475; a read the kernel restarts: as it returns) runs the handler in the
+frame that waits. But a wait's end lies in the next tick's delta, where the thread may be in another
+function: filing each delta where its tick landed gave half of a 10 ms sleep beside 10 ms of CPU to the CPU
+function (bench/results/worker_profile.md). So each tick is followed ``WALL_CHECK_S`` later by a check:
+the thread went straight back to waiting (the tick interrupted a wait in that frame), or not. A delta
+between a check that found a wait and the next tick is that wait's end; between a tick and its check,
+where the check found waiting, the tick's wait; a delta no check placed (waits shorter than the interval)
+is pooled and shared at ``take()`` as the checks found the thread waiting, a point sample each. Measured
+in one process (10 ms sleeps, 10 ms of CPU, 2 loaded cores): 90% of the sleep filed under the sleeping
+function; 98% for 20-30 ms waits; 73-77% for 3-5 ms waits. A wait in a built-in (``time.sleep``,
+``f.read``: no library frame beneath the user's) is named from the code's instructions (``sleep()``).
+Armed only where SIGALRM's handler is the default and no alarm or real-time timer is set (a script's own
+timeout keeps its signal; pytest-timeout's too), and where schedstat reads: else the waits are N/A (None),
+never guessed.
 
 In the training process, where ``num_workers=0`` makes each batch inside ``next()`` on the training thread,
 ``LoopProfiler`` samples only while that thread is inside a training loader's ``_next_data`` (the
@@ -21,7 +42,12 @@ sampler's indices, ``dataset[i]``, the collate, pinning): a wrapper on that iter
 way in and disarms it on the way out, so the model's step is never sampled nor filed under the dataset. The frames above the wrapper are the training loop's: the
 walk stops there as it stops at the worker loop.
 
-The handler restarts interrupted system calls (``siginterrupt(False)``) and is armed only where the
+Only the CPU there: the waiting is the workers' (its timer armed on each batch's way into ``next()``
+would add two ``setitimer`` calls and a schedstat read to every batch, over the probe's 2 us a batch, and
+a training process's SIGALRM is more often the script's own: timeouts); the training thread's time in
+``next()`` beyond its CPU is in its step rows (``thread_cpu_s``).
+
+The handlers restart interrupted system calls (``siginterrupt(False)``) and are armed only where the
 worker's SIGPROF was left at its default (a script that profiles itself keeps its own). Time inside C
 code that holds the GIL is filed when it returns, under the frame that called it. The ``profile`` event
 carries the seconds since the last flush.
@@ -31,7 +57,9 @@ Only the standard library: this runs in the user's process.
 from __future__ import annotations
 
 import atexit
+import dis
 import os
+import random
 import signal
 import sys
 import sysconfig
@@ -41,6 +69,17 @@ from typing import Any
 
 SIGNAL, TIMER = signal.SIGPROF, signal.ITIMER_PROF
 INTERVAL_S = 0.01  # 100 Hz: bench/worker_fetch.py --profile measures what it costs a worker
+# The wall-clock sampler (a worker's waiting by the user's code): a tick every WALL_INTERVAL_S of wall time,
+# each followed by a check WALL_CHECK_S later that tells whether the tick interrupted a wait (the thread went
+# straight back to it). bench/worker_profile.py --wall measures what both cost (bench/results/worker_profile.md):
+# a SIGALRM to a waiting thread costs ~27 us on the 2-core VM before the handler's ~8 us, so 20 ms (100
+# signals a second with the checks; 10 ms filed short waits a little better and cost twice the CPU)
+WAIT_SIGNAL, WAIT_TIMER = signal.SIGALRM, signal.ITIMER_REAL
+WALL_INTERVAL_S = 0.02
+WALL_CHECK_S = 0.001
+# The check found the thread waiting when at least this share of its wall time since the tick was blocked
+WAIT_CHECK_SHARE = 0.5
+SCHEDSTAT = "/proc/thread-self/schedstat"   # ns on a CPU, ns waiting on a run queue, timeslices
 MAX_DEPTH = 64      # frames walked from the innermost
 # The training process (num_workers=0): arming and disarming the timer around a batch costs about 6 us
 # (bench/worker_profile.py --loop), over the probe's 2 us a batch on a batch of microseconds. After a batch
@@ -95,39 +134,100 @@ class Profiler:
     # Where the walk stops besides the worker loop: the LoopProfiler's wrapper (the training loop above it)
     _boundary: Any = None
 
-    def __init__(self, interval_s: float = INTERVAL_S) -> None:
+    def __init__(self, interval_s: float = INTERVAL_S, wall_interval_s: float | None = WALL_INTERVAL_S) -> None:
         self.interval_s = interval_s
-        self.stacks: dict[tuple[str, str, str | None], list] = {}  # (site, function, call) -> [cpu_s, samples]
+        # (site, function, call) -> [cpu_s, samples, wait_s]
+        self.stacks: dict[tuple[str, str, str | None], list] = {}
         self.samples = 0
         self.outside_s = 0.0   # no user frame above the worker loop: between batches
         self._files: dict[str, bool] = {}
         self._names: dict[str, str] = {}   # file -> as named in the profile (_short, once per file)
         self._last = time.thread_time()
+        # The wall-clock sampler (start_waits): None where it is not armed (waits N/A)
+        self.wall_interval_s = wall_interval_s
+        self._schedstat: int | None = None  # this thread's /proc/thread-self/schedstat, open
+        self.wait_outside_s = 0.0           # blocked with no user frame above the worker loop (between batches)
+        self.runqueue_s = 0.0               # runnable but waiting for a core: the machine's, not a function's
+        self._w_t = self._w_cpu = self._w_rq = 0.0
+        self._check = False                 # the next SIGALRM is the check after a tick
+        self._pending: tuple[float, Any] = (0.0, None)   # a tick's blocked seconds and frame, until its check
+        self._was_waiting, self._was_key = False, None   # the last tick's check: did it interrupt a wait, where
+        self._pool = 0.0                    # blocked seconds no check placed: shared at take() by _hits
+        self._hits: dict[Any, int] = {}     # frame -> checks that found the thread waiting there
+        self._c_calls: dict[tuple[Any, int], str | None] = {}   # (code, instruction) -> the built-in it calls
 
     def start(self) -> "Profiler | None":
-        """Arm the timer, where SIGPROF is the worker's to take; None where it is not."""
+        """Arm the timer, where SIGPROF is the worker's to take; None where it is not. The wall-clock
+        sampler too, where SIGALRM and the real-time timer are free (``start_waits``)."""
         if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None) and not _ours(signal.getsignal(SIGNAL)):
             return None
         signal.signal(SIGNAL, self._sample)
         signal.siginterrupt(SIGNAL, False)
         self._last = time.thread_time()
         signal.setitimer(TIMER, self.interval_s, self.interval_s)
+        if self.wall_interval_s:
+            self.start_waits()
         return self
 
+    def start_waits(self) -> bool:
+        """Arm the wall-clock sampler: where SIGALRM's handler is the default, no alarm or real-time timer
+        is set, and this thread's schedstat reads (else the waits stay N/A: never guessed)."""
+        if signal.getsignal(WAIT_SIGNAL) not in (signal.SIG_DFL, None) or signal.getitimer(WAIT_TIMER) != (0.0, 0.0):
+            return False
+        try:
+            fd = os.open(SCHEDSTAT, os.O_RDONLY)
+        except OSError:
+            return False
+        self._schedstat = fd
+        rq = self._runqueue()
+        if rq is None:
+            self._close_schedstat()
+            return False
+        self._w_t, self._w_cpu, self._w_rq = time.monotonic(), time.thread_time(), rq
+        signal.signal(WAIT_SIGNAL, self._tick)
+        signal.siginterrupt(WAIT_SIGNAL, False)
+        signal.setitimer(WAIT_TIMER, self.wall_interval_s)  # one-shot: each tick arms the next
+        return True
+
     def stop(self) -> None:
-        """Disarm the timer and give SIGPROF back (in the thread that started it)."""
+        """Disarm the timers and give SIGPROF and SIGALRM back (in the thread that started them)."""
         try:
             signal.setitimer(TIMER, 0)
             if signal.getsignal(SIGNAL) == self._sample:
                 signal.signal(SIGNAL, signal.SIG_DFL)
+            if self._schedstat is not None:
+                self._close_schedstat()
+                signal.setitimer(WAIT_TIMER, 0)
+                if signal.getsignal(WAIT_SIGNAL) == self._tick:
+                    signal.signal(WAIT_SIGNAL, signal.SIG_DFL)
         except (ValueError, OSError):
             pass
 
+    def _close_schedstat(self) -> None:
+        fd, self._schedstat = self._schedstat, None
+        if fd is not None:
+            os.close(fd)
+
+    def _runqueue(self) -> float | None:
+        """This thread's seconds waiting on a run queue so far (schedstat's second field); None: unreadable."""
+        try:
+            return int(os.pread(self._schedstat, 96, 0).split()[1]) * 1e-9
+        except (OSError, ValueError, IndexError, TypeError):
+            return None
+
     def _sample(self, _signum: int, frame: Any) -> None:
+        if frame is not None and frame.f_code is _TICK:  # inside the wall sampler's handler: filed where it ran
+            frame = frame.f_back
         cpu = time.thread_time()
         dcpu = max(cpu - self._last, 0.0)
         self._last = cpu
         self._add(frame, dcpu)
+
+    def _cell(self, key: tuple[str, str, str | None]) -> list:
+        cell = self.stacks.get(key)
+        if cell is None:
+            cell = self.stacks[key] = [0.0, 0, 0.0]
+        return cell
 
     def _add(self, frame: Any, dcpu: float) -> None:
         """One sample: the CPU since the last one, filed under the user's frame it interrupted."""
@@ -136,15 +236,106 @@ class Profiler:
         if key is None:
             self.outside_s += dcpu
             return
-        cell = self.stacks.get(key)
-        if cell is None:
-            cell = self.stacks[key] = [0.0, 0]
+        cell = self._cell(key)
         cell[0] += dcpu
         cell[1] += 1
 
-    def _file(self, frame: Any) -> tuple[str, str, str | None] | None:
+    def _add_wait(self, key: Any, seconds: float) -> None:
+        if key is None:
+            self.wait_outside_s += seconds
+        else:
+            self._cell(key)[2] += seconds
+
+    def _tick(self, _signum: int, frame: Any) -> None:
+        """SIGALRM: a tick, or the check WALL_CHECK_S after it. The thread's blocked time since the last
+        one (wall - its CPU - its run-queue wait) is filed by where the check says it was.
+
+        A tick that lands in a wait (sleep, a lock, poll; a read the kernel restarts runs this as it returns)
+        runs here in the frame that waits; one that lands on the CPU runs here at the next bytecode. A
+        wait's first part is in the tick's delta, its last part in the next tick's, where the thread may be
+        in another function by then: the check after each tick says whether the thread went straight back
+        to waiting (the tick interrupted a wait), and that frame gets the wait on both sides of it."""
+        fd = self._schedstat
+        if fd is None:
+            return
+        now, cpu, rq = time.monotonic(), time.thread_time(), self._runqueue()
+        if rq is None:  # unreadable since: no more waits filed (those filed stand)
+            self._close_schedstat()
+            return
+        wall, dcpu, drq = now - self._w_t, cpu - self._w_cpu, max(rq - self._w_rq, 0.0)
+        self._w_t, self._w_cpu, self._w_rq = now, cpu, rq
+        blocked = max(wall - dcpu - drq, 0.0)
+        self.runqueue_s += drq
+        key = self._file(frame, name_c_call=True)
+        if not self._check:  # a tick: its blocked time waits for the check to say whose it is
+            self._pending = (blocked, key)
+            self._check = True
+            signal.setitimer(WAIT_TIMER, WALL_CHECK_S)
+            return
+        self._check = False
+        # The next tick in 0.5-1.5 intervals, at random: a loop whose period is the interval's would
+        # otherwise be ticked at one phase every time (measured: 10 ms sleeps beside 10 ms of CPU, ticked
+        # every 20 ms, filed 55-95% of augment's time as CPU from one run to the next)
+        signal.setitimer(WAIT_TIMER, max(self.wall_interval_s * (0.5 + random.random()) - WALL_CHECK_S, WALL_CHECK_S))
+        waiting = blocked >= WAIT_CHECK_SHARE * wall
+        held, tick_key = self._pending
+        was, was_key = self._was_waiting, self._was_key
+        # Since the last check, before this tick: the end of the wait the last tick interrupted, the start
+        # of the one this tick interrupted, both (split), or neither: short waits no tick landed in, pooled
+        # and shared at take() as the checks found the thread waiting (a point sample each)
+        if was and waiting:
+            self._add_wait(was_key, held / 2)
+            self._add_wait(tick_key, held / 2)
+        elif was or waiting:
+            self._add_wait(was_key if was else tick_key, held)
+        else:
+            self._pool += held
+        if waiting:
+            self._add_wait(tick_key, blocked)
+            self._hits[tick_key] = self._hits.get(tick_key, 0) + 1
+        else:
+            self._pool += blocked
+        self._was_waiting, self._was_key = waiting, tick_key
+
+    def _c_call(self, frame: Any) -> str | None:
+        """The built-in a user frame is calling (``sleep()``, ``read()``, ``acquire()``), read from its code
+        once per (code, instruction): the callables its instructions before this one pushed (a method, or a
+        name pushed with the NULL of a call and the attributes read off it: ``time.sleep``), less those
+        called since. A wait inside a C call has no library frame beneath the user's to name it."""
+        code, at = frame.f_code, frame.f_lasti
+        key = (code, at)
+        name = self._c_calls.get(key, "")
+        if name == "":
+            stack: list[Any] = []
+            chain = pushed = False
+            for ins in dis.get_instructions(code):
+                if ins.offset >= at:
+                    break
+                op = ins.opname
+                if op == "CALL":
+                    if stack:
+                        stack.pop()
+                    chain = False
+                elif op == "LOAD_METHOD":
+                    stack.append(ins.argval)
+                    chain = False
+                elif op == "PUSH_NULL":
+                    pushed = True
+                elif op.startswith("LOAD_") and (pushed or (op == "LOAD_GLOBAL" and ins.argrepr.startswith("NULL"))):
+                    stack.append(ins.argval)
+                    chain, pushed = True, False
+                elif op == "LOAD_ATTR" and chain and stack:
+                    stack[-1] = ins.argval
+                elif op not in ("CACHE", "EXTENDED_ARG"):
+                    chain = False
+            name = f"{stack[-1]}()" if stack and isinstance(stack[-1], str) else None
+            self._c_calls[key] = name
+        return name
+
+    def _file(self, frame: Any, name_c_call: bool = False) -> tuple[str, str, str | None] | None:
         """(user site ``file:line``, its function, the library call beneath it or None) of the innermost
-        user frame."""
+        user frame; with ``name_c_call`` (a wait), where no library frame is beneath it, the built-in it
+        calls."""
         below = None
         library = self._files
         boundary = self._boundary
@@ -167,7 +358,10 @@ class Profiler:
                        and back.f_code.co_filename == name):
                     code = back.f_code
                     back = back.f_back
-                call = f"{self._short(below.f_code.co_filename)}:{below.f_code.co_name}" if below is not None else None
+                if below is not None:
+                    call = f"{self._short(below.f_code.co_filename)}:{below.f_code.co_name}"
+                else:
+                    call = self._c_call(frame) if name_c_call else None
                 return f"{self._short(name)}:{frame.f_lineno}", code.co_name, call
             below = frame
             frame = frame.f_back
@@ -184,10 +378,32 @@ class Profiler:
         one assignment under the GIL: a sample filed in between is at worst left out."""
         stacks, self.stacks = self.stacks, {}
         samples, outside, self.samples, self.outside_s = self.samples, self.outside_s, 0, 0.0
-        if not samples:
+        pool, hits, self._pool, self._hits = self._pool, self._hits, 0.0, {}
+        n_hits = sum(hits.values())
+        unfiled = pool if pool and not n_hits else 0.0
+        for key, n in hits.items() if n_hits else ():
+            share = pool * n / n_hits
+            if key is None:
+                self.wait_outside_s += share
+            else:
+                cell = stacks.get(key)
+                if cell is None:
+                    cell = stacks[key] = [0.0, 0, 0.0]
+                cell[2] += share
+        wait_outside, runqueue, self.wait_outside_s, self.runqueue_s = self.wait_outside_s, self.runqueue_s, 0.0, 0.0
+        if not samples and not stacks:
             return None
-        return {"interval_s": self.interval_s, "samples": samples, "outside_s": outside,
-                "stacks": [[site, function, call, cpu, n] for (site, function, call), (cpu, n) in stacks.items()]}
+        waits = self._schedstat is not None or wait_outside > 0 or runqueue > 0 or unfiled > 0
+        out = {"interval_s": self.interval_s, "samples": samples, "outside_s": outside,
+               "stacks": [[site, function, call, cpu, n, wait if waits else None]
+                          for (site, function, call), (cpu, n, wait) in stacks.items()]}
+        if waits:
+            out.update(wall_interval_s=self.wall_interval_s, wait_outside_s=wait_outside, runqueue_s=runqueue,
+                       wait_unfiled_s=unfiled)
+        return out
+
+
+_TICK = Profiler._tick.__code__
 
 
 class LoopProfiler(Profiler):
@@ -206,7 +422,7 @@ class LoopProfiler(Profiler):
     the GIL across several intervals included)."""
 
     def __init__(self, interval_s: float = INTERVAL_S) -> None:
-        super().__init__(interval_s)
+        super().__init__(interval_s, None)  # no wall-clock sampler here: see the module's docstring
         self.active = False          # the training thread is inside a watched _next_data, the timer armed
         self._carry = 0.0            # CPU inside _next_data since the last sample, before this entry
         self._entered = 0.0          # this thread's CPU time at this entry (or at the last sample since)

@@ -1,7 +1,9 @@
 """A dataset whose cost sits in one named function among several: each sample is read (a short sleep),
 decoded (about 1 ms of CPU), then augmented by `augment`, a pure-Python loop over its values (about 2 ms),
 and normalised; the test asserts the profile names `augment` (made in workers, or with --workers 0 inside
-the training loop's next(), where the loop's own step, `train_step`, must not be filed under the dataset)."""
+the training loop's next(), where the loop's own step, `train_step`, must not be filed under the dataset).
+With --read-ms the read waits that long a sample (a slow store: a sleep, off the CPU), and the profile must
+file it as `read`'s waiting, apart from `augment`'s CPU."""
 import argparse
 import time
 
@@ -10,7 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 
 def read(i: int) -> list[float]:
-    time.sleep(0.0001)
+    time.sleep(args.read_ms / 1000)
     return [float((i * 7 + k) % 13) for k in range(64)]
 
 
@@ -40,6 +42,7 @@ class Costly(Dataset):
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=120)
 parser.add_argument("--workers", type=int, default=2)  # 0: the batches made inside next(), in this process
+parser.add_argument("--read-ms", type=float, default=0.1)  # the read's wait a sample
 args = parser.parse_args()
 loader = DataLoader(Costly(), batch_size=16, num_workers=args.workers)  # LOADER
 
