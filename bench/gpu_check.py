@@ -6,7 +6,7 @@ number and printing PASS/FAIL with it (issue 34). It exits non-zero on any FAIL.
 one GPU. Keep what it prints in ``bench/results/``.
 
     python bench/gpu_check.py | tee bench/results/gpu_check-$(date +%F).txt
-    python bench/gpu_check.py controls          # only the controls (a)-(i)
+    python bench/gpu_check.py controls          # only the controls (a)-(j)
     python bench/gpu_check.py transfer gpus overhead findings   # the older sections
     python bench/gpu_check.py --dry-run         # no GPU: each control's script tiny on the CPU, and
                                                 # each control's judge against a passing and a failing number
@@ -22,6 +22,9 @@ The controls:
   (g) pinned_64mb       a 64 MB pinned non_blocking copy each step on the compute stream: counted as transfer
   (h) two_ranks         two torchrun ranks on one GPU, rank 1 slowed: named per rank
   (i) gpm               GPM's SM activity read or N/A with the reason, and the cost of a reading
+  (j) pin_thread        2 workers, pin_memory=True, 16 MB batches: every batch's ``pins`` row written on the
+                        iterator's pin thread (not the training thread), matched to the steps, and the
+                        wait split with pinning a number (not N/A): worker + pinning + hand-over = wait
 
 It runs from a checkout without installing gpufeed (a lent GPU machine has its own torch and no
 registry): it needs torch with CUDA, psutil, rich, numpy and nvidia-ml-py importable.
@@ -430,6 +433,19 @@ CONTROLS_SCRIPT = textwrap.dedent('''
             x = x.to(dev, non_blocking=True)           # on the compute stream: the kernels after it wait
             matmuls(w, 2)
 
+    def pin_thread():
+        dev = torch.device(a.device)
+        elems = int(2**20 * scale) + 8                  # 4 MB of float32 a sample, 16 MB a batch of 4
+        class Big(Dataset):
+            def __len__(self): return steps(120) * 4
+            def __getitem__(self, i):
+                time.sleep(0.004 * scale)               # the loop outpaces 2 workers: it waits, pinning included
+                return torch.ones(elems)
+        w = torch.randn(512, 512, device=dev)
+        for x in DataLoader(Big(), batch_size=4, num_workers=2, pin_memory=gpu):
+            x = x.to(dev, non_blocking=gpu)             # pinned on the iterator's pin thread, then copied
+            matmuls(w, 2)
+
     def two_ranks():
         import torch.distributed as dist
         dist.init_process_group("gloo")
@@ -546,6 +562,34 @@ def judge_gpm(v: dict) -> tuple[bool, str]:
     return ok, f"sm_active_pct={value} gpm_na={why!r}, {cost} ms per GPM reading (budget 5 ms)"
 
 
+def judge_pin_thread(v: dict) -> tuple[bool, str]:
+    parts = [v.get(k) for k in ("worker_share", "pinning_share", "handover_share", "wait_share")]
+    split = None if None in parts else parts[0] + parts[1] + parts[2] - parts[3]
+    ok = (v.get("pin_thread") not in (None, v.get("pid")) and v.get("pins", 0) >= 20 and v.get("off_thread") == 0
+          and v.get("matched", 0) >= 20 and split is not None and parts[1] > 0 and abs(split) <= 1e-6)
+    return ok, (f"{v.get('pins')} pins rows on pin thread {v.get('pin_thread')} (training thread {v.get('pid')}), "
+                f"{v.get('off_thread')} on another thread, {v.get('matched')} steps matched to their pinning; "
+                f"pinning_share={v.get('pinning_share')}, worker + pinning + hand-over - wait = {split}")
+
+
+def _pin_values(diag: dict, record: Any) -> dict:
+    """(j): the pinned loader's pin thread, its ``pins`` rows as written (every thread's, from the events),
+    the steps matched to their pinning, and the wait split."""
+    from gpufeed.analysis.batches import matched_steps
+    its = [it for it in (record.iterators if record is not None else []) if it.worker_pids and it.config.pin_memory]
+    if not its:
+        return {}
+    it = its[0]
+    rows = [row for path in (record.run_dir / "events").glob(f"{it.pid}.jsonl")
+            for line in path.read_text().splitlines() if '"pins"' in line
+            for row in json.loads(line).get("rows", [])]
+    b = diag.get("batches") or {}
+    return {"pid": it.pid, "pin_thread": it.pin_thread, "pins": len(rows),
+            "off_thread": sum(1 for row in rows if row[0] != it.pin_thread),
+            "matched": sum(1 for i in its for step in matched_steps(record, i) if step.pin is not None),
+            **{k: b.get(k) for k in ("wait_share", "worker_share", "handover_share", "pinning_share")}}
+
+
 def _control_values(case: str, diag: dict, record: Any) -> dict:
     m = diag.get("metrics", {})
     if case in ("sync_every_step", "host_ahead"):
@@ -586,6 +630,8 @@ def _control_values(case: str, diag: dict, record: Any) -> dict:
         return {"copy_ms": round(statistics.median(copies) * 1e3, 2) if copies else None,
                 "on_step_stream_share": (sum(on_step) / len(on_step)) if on_step else 0.0,
                 "h2d_stall_share": m.get("h2d_stall_share"), "transfer": (diag.get("costs") or {}).get("transfer")}
+    if case == "pin_thread":
+        return _pin_values(diag, record)
     if case == "two_ranks":
         ranks = {r.get("rank"): r.get("data_wait_share") or 0.0 for r in m.get("ranks") or []}
         straggler = next((f["evidence"].get("straggler_rank") for f in diag.get("findings", [])
@@ -626,6 +672,12 @@ CONTROLS = {
                   {"ranks": {0: 0.3, 1: 0.3}, "straggler": None}),
     "gpm": (judge_gpm, {"sm_active_pct": 41.0, "gpm_na": None, "cost_ms": 0.3},
             {"sm_active_pct": 0.0, "gpm_na": "not supported", "cost_ms": 0.3}),
+    # failing: nothing pinned (a CPU-only torch turns pinning off): no pin thread, no rows, pinning N/A
+    "pin_thread": (judge_pin_thread, {"pid": 4100, "pin_thread": 4107, "pins": 115, "off_thread": 0, "matched": 110,
+                                      "wait_share": 0.42, "worker_share": 0.30, "handover_share": 0.07,
+                                      "pinning_share": 0.05},
+                   {"pid": 4100, "pin_thread": None, "pins": 0, "off_thread": 0, "matched": 0, "wait_share": 0.42,
+                    "worker_share": 0.30, "handover_share": 0.12, "pinning_share": None}),
 }
 
 
@@ -651,7 +703,7 @@ def check_gpm() -> None:
 def check_controls(tmp: Path) -> None:
     import torch
     (tmp / "controls.py").write_text(CONTROLS_SCRIPT)
-    letters = dict(zip(CONTROLS, "abcdefghi"))
+    letters = dict(zip(CONTROLS, "abcdefghij"))
     for case, (judge, _good, _bad) in CONTROLS.items():
         name = f"({letters[case]}) {case}"
         if case == "gpm":

@@ -492,6 +492,12 @@ OFFLOAD_ADVICE_MIN_GAIN = 1.5
 # And a headline of COMPUTE is contradicted when a fix is predicted to gain more than this, at its low
 # end: the input pipeline then costs more than the wait shows (the self-check says so and why).
 SELFCHECK_CONTRADICTING_GAIN = 1.10
+# A part of the time is said in a finding only once it reads at least 1% as findings print shares
+# (``{:.0%}``, half a percent and up): below that it would read "0% of the time", a cost nobody can act on.
+# What in-order delivery cost (slow_samples: said, and in_order=False offered for it, from here; its
+# predicted gain, 1 / (1 - share), is then at least 1.005x) and what restarting workers cost each epoch
+# (wording.py: said beside the wait from here).
+SHARE_SAID_MIN = 0.005
 
 
 # -- Inside the batch: slow samples, in-order delivery, the wait by stage (analysis/batches.py) -----------

@@ -121,6 +121,22 @@ def test_run_autotune_says_each_switch_on_stderr(tmp_path, monkeypatch):
     _same_as_plain(json.loads(record.read_text()), _plain(tmp_path))
 
 
+def test_run_autotune_allow_reorder_says_it_did_not_try_and_points_to_tune(tmp_path, monkeypatch):
+    """A live period measures no in-order delivery, so --autotune never tries in_order=False: with
+    --allow-reorder it says so where it settles, and that ``gpufeed tune --allow-reorder`` does; every
+    epoch is still the plain run's, in its order."""
+    monkeypatch.setenv(ENV_AUTOTUNE, json.dumps({"period_s": 0.3, "min_batches": 5, "max_workers": 2}))
+    record = tmp_path / "tuned.json"
+    result = gpufeed(["run", "--autotune", "--allow-reorder", "--", sys.executable, SCRIPT, "--epochs", "4",
+                      "--record", str(record)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (settled,) = [line for line in result.stderr.splitlines() if line.startswith("gpufeed autotune: settled on ")]
+    assert settled.endswith("reordering allowed (--allow-reorder), in_order=False not tried: a live period does not "
+                            "measure what in-order delivery costs; gpufeed tune --allow-reorder does"), settled
+    assert "unordered" not in result.stderr
+    _same_as_plain(json.loads(record.read_text()), _plain(tmp_path, "--epochs", "4"))
+
+
 def test_run_needs_a_config_or_autotune(tmp_path):
     result = gpufeed(["run", "--", sys.executable, SCRIPT], cwd=tmp_path)
     assert result.returncode != 0 and "--config FILE" in result.stderr and "--autotune" in result.stderr

@@ -307,6 +307,10 @@ def test_ctrl_c_stops_everything_and_keeps_the_record(tmp_path, sig, code, said)
     (["diagnose", "--steps", "0", "--", "python", "x.py"], "must be a positive whole number"),
     (["diagnose", "--no-such-flag", "--", "python", "x.py"], "unrecognized arguments"),
     (["diagnose"], "give the training command after --"),
+    # --allow-reorder lets a search try in_order=False: run has one only with --autotune
+    (["run", "--allow-reorder", "--", "python", "x.py"], "--allow-reorder goes with --autotune (or gpufeed tune)"),
+    (["run", "--config", "best-config.json", "--allow-reorder", "--", "python", "x.py"],
+     "--allow-reorder goes with --autotune (or gpufeed tune)"),
 ])
 def test_bad_usage(tmp_path, args, message):
     result = gpufeed(args, cwd=tmp_path)

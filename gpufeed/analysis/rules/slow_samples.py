@@ -57,14 +57,14 @@ def slow_samples(ctx: Context) -> Finding | None:
                f"sample or more (median {fmt(b.sample_p50_s * 1000, '.1f')} ms{p99}; the slow ones "
                f"{fmt(slow_s * 1000, '.0f')} ms): {which}. {b.slow_batch_share:.0%} of the batches held one, and each "
                f"holds its whole batch back: the loop waited {b.slow_wait_share:.0%} of the time for those batches. ")
-    if in_order >= 0.005:
+    if in_order >= th.SHARE_SAID_MIN:
         message += (f"In-order delivery cost {in_order:.0%} of the time: the loop waited for a batch while a later one "
                     "was already made.")
     version = _torch_version(ctx)
     too_old = version is not None and version < IN_ORDER_SINCE
     fixes = [f"fix or pre-process those samples (they cost {fmt(b.slow_excess_s, '.1f')} s of worker time beyond "
              f"median samples in the window; predicted {_up_to(b.slow_wait_share)})"]
-    if in_order >= 0.005:
+    if in_order >= th.SHARE_SAID_MIN:
         fixes.append(f"where the job tolerates batches out of order, {change(ctx, in_order=False)}: a batch then "
                      "comes as soon as any worker has one; the order of batches, and with it bit-for-bit "
                      f"reproducibility, is given up (predicted {_up_to(in_order)}"

@@ -37,7 +37,7 @@ def wait_sentence(m: Metrics) -> str:
     step = (f"(p50 step {fmt(m.step_time_p50_ms, '.0f')} ms, of which {fmt(m.data_wait_p50_ms, '.0f')} ms in "
             "next(loader))")
     restart = restart_share(m)
-    if restart is None or restart < 0.005:
+    if restart is None or restart < th.SHARE_SAID_MIN:
         return f"{who} waited for data {fmt(input_share(m), '.0%')} of the time {step}"
     return (f"{who} waited for data {fmt(steady_input_share(m), '.0%')} of the time once its workers ran {step}; "
             f"starting them again each epoch cost {restart:.0%} more")
@@ -49,7 +49,7 @@ def restart_sentence(m: Metrics) -> str:
     parts = [(m.startup_in_iter_share, "in iter(loader) forking them"),
              (m.restart_wait_share, "waiting for each epoch's first batch"),
              (None if m.cuda_used else m.fork_step_share, "in the steps slowed by the fork (copy-on-write)")]
-    return ", ".join(f"{share:.0%} {what}" for share, what in parts if share is not None and share >= 0.005)
+    return ", ".join(f"{share:.0%} {what}" for share, what in parts if share is not None and share >= th.SHARE_SAID_MIN)
 
 
 def wait_evidence(m: Metrics) -> dict:
