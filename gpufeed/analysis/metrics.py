@@ -532,16 +532,20 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
             # killed at the end (persistent workers at exit) loses its last unflushed second of rows,
             # and a count of nothing is N/A, never 0 samples/s.
             # Loaders stepped together: the step trains on what all their workers made.
-            made = rows
-            if partners:
-                made = FetchRows.concat(f.rows for f in record.fetches
-                                        if f.pid in producers.union(*(p.worker_pids for p in partners)))
+            makers = producers.union(*(p.worker_pids for p in partners)) if partners else producers
+            made = FetchRows.concat(f.rows for f in record.fetches if f.pid in makers)
             reach = float(made.t_end.max()) if len(made) else -math.inf
             all_workers = training.worker_pids and all(p.worker_pids for p in partners)
             if all_workers and m.samples_unknown is None and reach >= t1 - th.WORKER_ROWS_REACH_S:
-                produced = made.samples[(made.t_end >= t0) & (made.t_end <= t1)]
-                if not np.isnan(produced).any() and produced.sum() > 0:
-                    m.samples_per_s_produced = float(produced.sum() / m.wall_s)
+                # Counted up to where every worker still running at the end has its rows: persistent
+                # workers killed at exit lose their last second unevenly (0-1.2 s measured), and a
+                # count over the whole window read 180 samples/s where the loop consumed 370.
+                span_end = min(t1, _rows_reach_together(record, makers, reach))
+                produced = made.samples[(made.t_end >= t0) & (made.t_end <= span_end)]
+                # The window's wall time (evaluation passes left out) less the tail cut off.
+                span_s = m.wall_s - (t1 - span_end)
+                if not np.isnan(produced).any() and produced.sum() > 0 and span_s > 0:
+                    m.samples_per_s_produced = float(produced.sum() / span_s)
         # Workers that keep up make one batch per batch's worth of compute (a mean: see above).
         compute_per_batch = (m.compute_per_batch_ms or 0.0) / 1000.0
         if compute_per_batch > 0 and m.fetch_ms_per_batch_p50:
@@ -554,6 +558,17 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
         m.throughput_check = (f"{m.samples_per_s:,.0f} samples/s exceeds what {m.cpu_count} cores can prepare "
                               f"({bound:,.0f}/s at the loader's CPU cost): the window likely opened with "
                               "prepared batches waiting; measure more steps")
+
+
+def _rows_reach_together(record: RunRecord, pids: set[int], reach: float) -> float:
+    """The earliest last row among the workers whose rows reach near ``reach`` (the ones running at the
+    end, not those of an earlier epoch): up to there no running worker's rows are missing."""
+    last: dict[int, float] = {}
+    for f in record.fetches:
+        if f.pid in pids and len(f.rows):
+            last[f.pid] = max(last.get(f.pid, -math.inf), float(f.rows.t_end.max()))
+    running = [t for t in last.values() if t >= reach - th.WORKER_ROWS_REACH_S]
+    return min(running, default=reach)
 
 
 def _made_in_next(steps: StepRows) -> FetchRows:
