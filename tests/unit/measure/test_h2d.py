@@ -36,7 +36,7 @@ def test_a_blocking_copy_counts_only_the_copy(tmp_path, monkeypatch):
     # copy_s: the copy itself, from the events (the after-event is stamped when the host records it, so a
     # loaded machine's late wake-up from the blocking copy adds to some rows, never the queued 30 ms)
     assert float(np.median(h2d[:, 4])) == pytest.approx(copy_s, rel=0.5), "copy_s: the copy itself, from the events"
-    assert (h2d[:, 4] < QUEUED_S / 3).all()
+    assert (h2d[:, 4] < QUEUED_S).all(), "no row holds the queued work (a late wake-up may add to some)"
     m = run.metrics
     host_share = h2d[h2d[:, 0] >= m.window_start_t, 2].sum() / m.wall_s
     assert m.h2d_pageable_share == pytest.approx(host_share * copy_s / (QUEUED_S + copy_s), rel=0.5)
