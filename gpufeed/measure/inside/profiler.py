@@ -13,7 +13,8 @@ function holding it), with the library call beneath it (``PIL/Image.py:convert``
 ``dataset.py:41 load``). A sample without a user frame above the worker loop is the worker outside the
 user's code (torch's collate, pickling: ``outside_s``). The CPU samples are the CPU's truth.
 
-The waiting: a wall-clock timer (``ITIMER_REAL``, SIGALRM, one-shot and re-armed by its handler) ticks every
+The waiting: a wall-clock timer (a POSIX timer of its own on a real-time signal, ``wall_timer.py``: never
+the script's ``alarm()`` or SIGALRM; one-shot and re-armed by its handler) ticks every
 ``WALL_INTERVAL_S``. At each tick the thread's blocked time since the last one is its wall time less its CPU
 less its time runnable on a run queue (``/proc/thread-self/schedstat``'s second field): waiting for a core
 is the machine's, not the function's, and is kept apart as the worker's ``runqueue_s``. Measured before
@@ -32,9 +33,8 @@ is pooled and shared at ``take()`` as the checks found the thread waiting, a poi
 in one process (10 ms sleeps, 10 ms of CPU, 2 loaded cores): 90% of the sleep filed under the sleeping
 function; 98% for 20-30 ms waits; 73-77% for 3-5 ms waits. A wait in a built-in (``time.sleep``,
 ``f.read``: no library frame beneath the user's) is named from the code's instructions (``sleep()``).
-Armed only where SIGALRM's handler is the default and no alarm or real-time timer is set (a script's own
-timeout keeps its signal; pytest-timeout's too), and where schedstat reads: else the waits are N/A (None),
-never guessed.
+Armed only where that signal's handler is the default, a POSIX timer can be made (Linux) and schedstat
+reads: else the waits are N/A (None), never guessed.
 
 In the training process, where ``num_workers=0`` makes each batch inside ``next()`` on the training thread,
 ``LoopProfiler`` samples only while that thread is inside a training loader's ``_next_data`` (the
@@ -44,7 +44,7 @@ walk stops there as it stops at the worker loop.
 
 Only the CPU there: the waiting is the workers' (its timer armed on each batch's way into ``next()``
 would add two ``setitimer`` calls and a schedstat read to every batch, over the probe's 2 us a batch, and
-a training process's SIGALRM is more often the script's own: timeouts); the training thread's time in
+a tick landing in the training step is not a batch's); the training thread's time in
 ``next()`` beyond its CPU is in its step rows (``thread_cpu_s``).
 
 The handlers restart interrupted system calls (``siginterrupt(False)``) and are armed only where the
@@ -67,14 +67,16 @@ import threading
 import time
 from typing import Any
 
+from gpufeed.measure.inside import wall_timer
+
 SIGNAL, TIMER = signal.SIGPROF, signal.ITIMER_PROF
 INTERVAL_S = 0.01  # 100 Hz: bench/worker_fetch.py --profile measures what it costs a worker
 # The wall-clock sampler (a worker's waiting by the user's code): a tick every WALL_INTERVAL_S of wall time,
 # each followed by a check WALL_CHECK_S later that tells whether the tick interrupted a wait (the thread went
 # straight back to it). bench/worker_profile.py --wall measures what both cost (bench/results/worker_profile.md):
-# a SIGALRM to a waiting thread costs ~27 us on the 2-core VM before the handler's ~8 us, so 20 ms (100
+# a signal to a waiting thread costs ~27 us on the 2-core VM before the handler's ~8 us, so 20 ms (100
 # signals a second with the checks; 10 ms filed short waits a little better and cost twice the CPU)
-WAIT_SIGNAL, WAIT_TIMER = signal.SIGALRM, signal.ITIMER_REAL
+WAIT_SIGNAL = wall_timer.SIGNAL  # a real-time signal on a timer of its own (wall_timer.py: not SIGALRM)
 WALL_INTERVAL_S = 0.02
 WALL_CHECK_S = 0.001
 # The check found the thread waiting when at least this share of its wall time since the tick was blocked
@@ -149,7 +151,10 @@ class Profiler:
         self.wait_outside_s = 0.0           # blocked with no user frame above the worker loop (between batches)
         self.runqueue_s = 0.0               # runnable but waiting for a core: the machine's, not a function's
         self._w_t = self._w_cpu = self._w_rq = 0.0
-        self._check = False                 # the next SIGALRM is the check after a tick
+        self._timer: wall_timer.WallTimer | None = None  # the tick's timer, while armed
+        self._waits_sampled = False         # the wall sampler was armed (stopped since, its waits still stand)
+        self._paused = True                 # no ticks: between batches (resume_waits arms them)
+        self._check = False                 # the next tick's signal is the check after a tick
         self._pending: tuple[float, Any] = (0.0, None)   # a tick's blocked seconds and frame, until its check
         self._was_waiting, self._was_key = False, None   # the last tick's check: did it interrupt a wait, where
         self._pool = 0.0                    # blocked seconds no check placed: shared at take() by _hits
@@ -158,7 +163,7 @@ class Profiler:
 
     def start(self) -> "Profiler | None":
         """Arm the timer, where SIGPROF is the worker's to take; None where it is not. The wall-clock
-        sampler too, where SIGALRM and the real-time timer are free (``start_waits``)."""
+        sampler too, where its signal is free (``start_waits``)."""
         if signal.getsignal(SIGNAL) not in (signal.SIG_DFL, None) and not _ours(signal.getsignal(SIGNAL)):
             return None
         signal.signal(SIGNAL, self._sample)
@@ -170,9 +175,9 @@ class Profiler:
         return self
 
     def start_waits(self) -> bool:
-        """Arm the wall-clock sampler: where SIGALRM's handler is the default, no alarm or real-time timer
-        is set, and this thread's schedstat reads (else the waits stay N/A: never guessed)."""
-        if signal.getsignal(WAIT_SIGNAL) not in (signal.SIG_DFL, None) or signal.getitimer(WAIT_TIMER) != (0.0, 0.0):
+        """Arm the wall-clock sampler: where its signal's handler is the default, its timer can be made and
+        this thread's schedstat reads (else the waits stay N/A: never guessed)."""
+        if WAIT_SIGNAL is None or signal.getsignal(WAIT_SIGNAL) not in (signal.SIG_DFL, None):
             return False
         try:
             fd = os.open(SCHEDSTAT, os.O_RDONLY)
@@ -180,24 +185,50 @@ class Profiler:
             return False
         self._schedstat = fd
         rq = self._runqueue()
-        if rq is None:
+        self._timer = wall_timer.WallTimer.create() if rq is not None else None
+        if self._timer is None:
             self._close_schedstat()
             return False
         self._w_t, self._w_cpu, self._w_rq = time.monotonic(), time.thread_time(), rq
         signal.signal(WAIT_SIGNAL, self._tick)
         signal.siginterrupt(WAIT_SIGNAL, False)
-        signal.setitimer(WAIT_TIMER, self.wall_interval_s)  # one-shot: each tick arms the next
+        self._waits_sampled = True
+        self._paused = True  # ticking only while a batch is made (resume_waits / pause_waits)
         return True
 
+    def resume_waits(self) -> None:
+        """A batch begins (the worker's fetch): tick from here. Between batches a worker waits for its next
+        indices, not in the user's code; ticking there cost an idle worker 1% of a core for nothing."""
+        if self._timer is None or not self._paused:
+            return
+        rq = self._runqueue()
+        if rq is None:
+            return
+        self._w_t, self._w_cpu, self._w_rq = time.monotonic(), time.thread_time(), rq
+        self._paused, self._check, self._was_waiting = False, False, False
+        self._timer.set(self.wall_interval_s * (0.5 + random.random()))
+
+    def pause_waits(self) -> None:
+        """The batch is made: no ticks until the next. A tick still waiting for its check is pooled."""
+        if self._timer is None or self._paused:
+            return
+        self._timer.set(0.0)
+        self._paused = True
+        if self._check:
+            self._pool += self._pending[0]
+            self._check = False
+
     def stop(self) -> None:
-        """Disarm the timers and give SIGPROF and SIGALRM back (in the thread that started them)."""
+        """Disarm the timers and give their signals back (in the thread that started them)."""
         try:
             signal.setitimer(TIMER, 0)
             if signal.getsignal(SIGNAL) == self._sample:
                 signal.signal(SIGNAL, signal.SIG_DFL)
             if self._schedstat is not None:
                 self._close_schedstat()
-                signal.setitimer(WAIT_TIMER, 0)
+            if self._timer is not None:
+                self._timer.close()
+                self._timer = None
                 if signal.getsignal(WAIT_SIGNAL) == self._tick:
                     signal.signal(WAIT_SIGNAL, signal.SIG_DFL)
         except (ValueError, OSError):
@@ -247,7 +278,7 @@ class Profiler:
             self._cell(key)[2] += seconds
 
     def _tick(self, _signum: int, frame: Any) -> None:
-        """SIGALRM: a tick, or the check WALL_CHECK_S after it. The thread's blocked time since the last
+        """The wall timer's signal: a tick, or the check WALL_CHECK_S after it. The thread's blocked time since the last
         one (wall - its CPU - its run-queue wait) is filed by where the check says it was.
 
         A tick that lands in a wait (sleep, a lock, poll; a read the kernel restarts runs this as it returns)
@@ -256,7 +287,7 @@ class Profiler:
         in another function by then: the check after each tick says whether the thread went straight back
         to waiting (the tick interrupted a wait), and that frame gets the wait on both sides of it."""
         fd = self._schedstat
-        if fd is None:
+        if fd is None or self._paused:  # stopped, or a tick already in flight when the batch ended
             return
         now, cpu, rq = time.monotonic(), time.thread_time(), self._runqueue()
         if rq is None:  # unreadable since: no more waits filed (those filed stand)
@@ -270,13 +301,13 @@ class Profiler:
         if not self._check:  # a tick: its blocked time waits for the check to say whose it is
             self._pending = (blocked, key)
             self._check = True
-            signal.setitimer(WAIT_TIMER, WALL_CHECK_S)
+            self._timer.set(WALL_CHECK_S)
             return
         self._check = False
         # The next tick in 0.5-1.5 intervals, at random: a loop whose period is the interval's would
         # otherwise be ticked at one phase every time (measured: 10 ms sleeps beside 10 ms of CPU, ticked
         # every 20 ms, filed 55-95% of augment's time as CPU from one run to the next)
-        signal.setitimer(WAIT_TIMER, max(self.wall_interval_s * (0.5 + random.random()) - WALL_CHECK_S, WALL_CHECK_S))
+        self._timer.set(max(self.wall_interval_s * (0.5 + random.random()) - WALL_CHECK_S, WALL_CHECK_S))
         waiting = blocked >= WAIT_CHECK_SHARE * wall
         held, tick_key = self._pending
         was, was_key = self._was_waiting, self._was_key
@@ -393,7 +424,7 @@ class Profiler:
         wait_outside, runqueue, self.wait_outside_s, self.runqueue_s = self.wait_outside_s, self.runqueue_s, 0.0, 0.0
         if not samples and not stacks:
             return None
-        waits = self._schedstat is not None or wait_outside > 0 or runqueue > 0 or unfiled > 0
+        waits = self._waits_sampled
         out = {"interval_s": self.interval_s, "samples": samples, "outside_s": outside,
                "stacks": [[site, function, call, cpu, n, wait if waits else None]
                           for (site, function, call), (cpu, n, wait) in stacks.items()]}

@@ -144,8 +144,15 @@ def _make_fetch(original: Callable) -> Callable:
             probe.warn(f"a DataLoader worker is not measured: {describe_error(error)}")
             return original(self, possibly_batched_index)
         # Process CPU time, so a worker's own thread pools (oversubscription) are counted.
+        waits = probe.profiler  # the wall sampler ticks only while a batch is made (profiler.resume_waits)
+        if waits is not None:
+            waits.resume_waits()
         cpu0, t0 = process_time(), _clock()
-        batch = original(self, possibly_batched_index)
+        try:
+            batch = original(self, possibly_batched_index)
+        finally:
+            if waits is not None:
+                waits.pause_waits()
         t1, cpu1 = _clock(), process_time()
         try:
             samples = counter.popleft() if counter else None if self.auto_collation else count_samples(batch)

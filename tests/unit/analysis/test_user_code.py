@@ -12,7 +12,7 @@ import pytest
 
 from gpufeed.analysis import analyze
 from gpufeed.measure.inside import profiler
-from tests.synthetic import Scenario, write_run
+from tests.synthetic import write_run
 from tests.unit.analysis.test_rules import FEW_WORKERS, STORAGE
 
 # The loop waits (storage-bound workers), and one user function holds 0.8 of the workers' 1.0 s of CPU each.
@@ -219,27 +219,14 @@ def _augment(seconds: float) -> float:
     return x
 
 
-@pytest.fixture
-def free_alarm():
-    """SIGALRM as a script leaves it: pytest-timeout holds it (its handler and a timer) around each test,
-    and the wall sampler rightly leaves it alone then; given back after."""
-    signal = profiler.signal
-    handler, timer = signal.getsignal(signal.SIGALRM), signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    yield
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, handler)
-    if timer[0]:
-        signal.setitimer(signal.ITIMER_REAL, *timer)
-
-
 @pytest.mark.skipif(not hasattr(profiler.signal, "setitimer") or not profiler.os.path.exists(profiler.SCHEDSTAT),
                     reason="no interval timers or no schedstat")
-def test_profiler_files_waiting_apart_from_cpu(free_alarm):
+def test_profiler_files_waiting_apart_from_cpu():
     """A 10 ms sleep then 10 ms of CPU, for 1.5 s: the sleep is filed as waiting under the function that
     sleeps (the built-in named), the CPU under the other; waits + the run queue add up to wall - CPU."""
     p = profiler.start(interval_s=0.005)
-    assert p is not None and p._schedstat is not None, "SIGALRM and schedstat are free in the test process"
+    assert p is not None and p._schedstat is not None, "the wall timer's signal and schedstat are free here"
+    p.resume_waits()  # a batch begins (the worker's fetch wrapper does this)
     t0, c0 = time.monotonic(), time.thread_time()
     try:
         while time.monotonic() - t0 < 1.5:
@@ -249,7 +236,7 @@ def test_profiler_files_waiting_apart_from_cpu(free_alarm):
         p.stop()
     wall, cpu = time.monotonic() - t0, time.thread_time() - c0
     assert profiler.signal.getsignal(profiler.WAIT_SIGNAL) == profiler.signal.SIG_DFL  # given back
-    assert profiler.signal.getitimer(profiler.WAIT_TIMER) == (0.0, 0.0)
+    assert p._timer is None  # deleted
     taken = p.take()
     by: dict[str, list[float]] = {}
     calls = set()
@@ -278,25 +265,67 @@ def test_profiler_files_waiting_apart_from_cpu(free_alarm):
     assert abs(filed - blocked) <= 0.1 * blocked + profiler.WALL_INTERVAL_S, (filed, blocked, taken)
 
 
-def test_wall_sampler_leaves_a_script_s_alarm_alone(free_alarm):
-    """A script's own SIGALRM handler, or an alarm already set: the CPU profiler arms, the waits stay N/A."""
-    def mine(*_):
-        pass
-    old = profiler.signal.signal(profiler.WAIT_SIGNAL, mine)
+def test_wall_sampler_leaves_a_script_s_alarm_alone():
+    """A dataset that guards a decode with signal.alarm(): the wall sampler ticks on a timer and signal of
+    its own, so the script's alarm fires its handler once, when it should, and never a tick of ours; and
+    where a script took the sampler's signal, the CPU profiler arms and the waits stay N/A."""
+    signal = profiler.signal
+    fired = []
+    old_handler = signal.signal(signal.SIGALRM, lambda *_: fired.append(time.monotonic()))
+    old_timer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's, given back below
     try:
         p = profiler.start(0.01)
-        assert p is not None and p._schedstat is None
-        assert profiler.signal.getsignal(profiler.WAIT_SIGNAL) is mine
+        assert p is not None and p._timer is not None, "the wall sampler arms beside a script's SIGALRM"
+        p.resume_waits()
+        t0 = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 0.15)      # the script's alarm
+        while time.monotonic() - t0 < 0.4:              # ~15 ticks of ours meanwhile
+            _read_blob(0.01)
+        p.stop()
+        assert len(fired) == 1 and fired[0] - t0 >= 0.15, fired
+        taken = p.take()
+        assert any(row[5] for row in taken["stacks"]), taken
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_timer[0]:
+            signal.setitimer(signal.ITIMER_REAL, *old_timer)
+
+    def mine(*_):
+        pass
+    old = signal.signal(profiler.WAIT_SIGNAL, mine)
+    try:
+        p = profiler.start(0.01)
+        assert p is not None and p._schedstat is None and p._timer is None
+        assert signal.getsignal(profiler.WAIT_SIGNAL) is mine
         _augment(0.05)
         p.stop()
         taken = p.take()
-        assert taken is None or (all(row[5] is None for row in taken["stacks"]) and "runqueue_s" not in taken)
+        assert taken is not None and taken["stacks"]
+        assert all(row[5] is None for row in taken["stacks"]) and "runqueue_s" not in taken
     finally:
-        profiler.signal.signal(profiler.WAIT_SIGNAL, old)
-    profiler.signal.setitimer(profiler.WAIT_TIMER, 30)  # an alarm the script set
+        signal.signal(profiler.WAIT_SIGNAL, old)
+
+
+def test_the_wall_sampler_ticks_only_while_a_batch_is_made():
+    """Between batches a worker waits for its next indices, not in the user's code: paused, no tick
+    wakes it (an idle worker paid 1% of a core); a tick waiting for its check when the batch ends is
+    pooled, not lost."""
+    p = profiler.start(0.01)
+    assert p is not None and p._timer is not None
     try:
-        p = profiler.start(0.01)
-        assert p is not None and p._schedstat is None
-        p.stop()
+        c0 = time.thread_time()
+        time.sleep(0.3)                      # idle: paused from the start
+        idle_cpu = time.thread_time() - c0
+        p.resume_waits()
+        _read_blob(0.2)                      # a batch that waits
+        p.pause_waits()
+        time.sleep(0.2)                      # idle again
     finally:
-        profiler.signal.setitimer(profiler.WAIT_TIMER, 0)
+        p.stop()
+    taken = p.take()
+    filed = sum(row[5] for row in taken["stacks"]) + taken["wait_outside_s"] + taken["wait_unfiled_s"]
+    # the batch's 0.2 s, not the 0.5 s idle around it (a tick's interval at most either side)
+    assert 0.2 - profiler.WALL_INTERVAL_S * 1.5 <= filed <= 0.2 + profiler.WALL_INTERVAL_S, taken
+    assert idle_cpu < 0.003, idle_cpu  # no tick woke the idle thread
+
