@@ -148,7 +148,7 @@ class Profiler:
         # The wall-clock sampler (start_waits): None where it is not armed (waits N/A)
         self.wall_interval_s = wall_interval_s
         self._schedstat: int | None = None  # this thread's /proc/thread-self/schedstat, open
-        self.wait_outside_s = 0.0           # blocked with no user frame above the worker loop (between batches)
+        self.wait_outside_s = 0.0           # blocked inside a batch with no user frame (torch's fetch, collate)
         self.runqueue_s = 0.0               # runnable but waiting for a core: the machine's, not a function's
         self._w_t = self._w_cpu = self._w_rq = 0.0
         self._timer: wall_timer.WallTimer | None = None  # the tick's timer, while armed
