@@ -74,7 +74,7 @@ WORKLOADS = {
                     step_s=(0.018, 0.018, 0.016), tune_s=90.0),
     "torchrun-storage": Workload("torchrun, 2 ranks (gloo, DDP, DistributedSampler): 4 ms/sample asleep, "
                                  "1 worker per rank", "autotune_ddp.py", ("--sleep-ms", "4", "--workers", "1"),
-                                 ranks=2, step_s=(0.035, 0.006, 0.005), start_s=8.0, tune_s=150.0),
+                                 ranks=2, step_s=(0.035, 0.006, 0.005), start_s=7.0, tune_s=120.0),
     "compute": Workload("compute-bound: data ready at once, 2 workers", "autotune_target.py",
                         ("--sleep-ms", "0", "--workers", "2"), step_s=(0.002, 0.002, 0.002)),
 }
