@@ -19,8 +19,8 @@ def test_workers_started_each_epoch_are_switched_to_persistent(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "trained on 3840 samples" in result.stdout  # 80 epochs of 48 images: every sample delivered
     switches = re.findall(r"gpufeed autotune: switched to (.+?) \(", result.stderr)
-    # Where it settles, no worker starts again each epoch: persistent workers (what a quiet 2-core machine
-    # settled on in each of 6 runs here) or none at all (what it measured fastest with other programs holding
-    # its cores: +55% to +221% by its own periods). Which of the two is the machine's to say.
+    # Where it settles, no worker starts again each epoch: persistent workers (this test's runs on a quiet
+    # 2-core machine) or none at all (with other programs holding its cores: +55% to +221% by its own
+    # periods; bench/autotune_restarts.py, quiet, 15 batches an epoch: 2 runs of 5 persistent, 3 none).
     assert switches, result.stderr[-3000:]
     assert "persistent" in switches[-1] or switches[-1].startswith("w0"), result.stderr[-3000:]
