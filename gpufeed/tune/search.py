@@ -1,4 +1,6 @@
 """The search: which DataLoader configuration to try next, steered by what the runs measured.
+(Over 450 lines: the seven steps below read and write one state, the trials and the noise; what needs
+none of it is in ``model_start``, ``causes``, ``memory_cap`` and ``confirm``.)
 
 The space is ``num_workers`` on a ladder (0, 1, 2, 4, 8, ... refined by 3, 6, 12, ...), up to
 ``TUNE_MAX_WORKERS_PER_CORE`` per core, times ``prefetch_factor`` (2, 4), ``persistent_workers``,
