@@ -537,10 +537,10 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
             reach = float(made.t_end.max()) if len(made) else -math.inf
             all_workers = training.worker_pids and all(p.worker_pids for p in partners)
             if all_workers and m.samples_unknown is None and reach >= t1 - th.WORKER_ROWS_REACH_S:
-                # Counted up to where every worker still running at the end has its rows: persistent
-                # workers killed at exit lose their last second unevenly (0-1.2 s measured), and a
-                # count over the whole window read 180 samples/s where the loop consumed 370.
-                span_end = min(t1, _rows_reach_together(record, makers, reach))
+                # Counted up to where every worker of the pool running at the end has its rows:
+                # persistent workers killed at exit lose their last second unevenly (0-1.2 s measured),
+                # and a count over the whole window read 180 samples/s where the loop consumed 370.
+                span_end = min(t1, _rows_reach_together(record, makers, [set(it.worker_pids) for it in its]))
                 produced = made.samples[(made.t_end >= t0) & (made.t_end <= span_end)]
                 # The window's wall time (evaluation passes left out) less the tail cut off.
                 span_s = m.wall_s - (t1 - span_end)
@@ -560,15 +560,18 @@ def _loader_metrics(m: Metrics, record: RunRecord, training: Any, its: list[Iter
                               "prepared batches waiting; measure more steps")
 
 
-def _rows_reach_together(record: RunRecord, pids: set[int], reach: float) -> float:
-    """The earliest last row among the workers whose rows reach near ``reach`` (the ones running at the
-    end, not those of an earlier epoch): up to there no running worker's rows are missing."""
+def _rows_reach_together(record: RunRecord, pids: set[int], pools: list[set[int]]) -> float:
+    """The earliest last row among the workers of the pool that made the last row (the pool running at
+    the end; an earlier epoch's pool ended with its epoch): up to there none of its rows are missing."""
     last: dict[int, float] = {}
     for f in record.fetches:
         if f.pid in pids and len(f.rows):
             last[f.pid] = max(last.get(f.pid, -math.inf), float(f.rows.t_end.max()))
-    running = [t for t in last.values() if t >= reach - th.WORKER_ROWS_REACH_S]
-    return min(running, default=reach)
+    if not last:
+        return math.inf
+    end_pid = max(last, key=last.__getitem__)
+    pool = next((p for p in pools if end_pid in p), {end_pid})
+    return min(last[p] for p in pool if p in last)
 
 
 def _made_in_next(steps: StepRows) -> FetchRows:
