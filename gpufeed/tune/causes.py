@@ -5,11 +5,10 @@ its cause has grown (``TUNE_CAUSE_RETRY_FACTOR``)."""
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 from gpufeed import thresholds as th
 from gpufeed.analysis.rules.facts import startup_cost_share, workers_multithreaded
-from gpufeed.tune.result import Trial
+from gpufeed.tune.result import Trial, spread_of
 from gpufeed.trials.outcome import OK
 
 
@@ -44,9 +43,7 @@ def steady_spread(trial: Trial) -> float | None:
         if share >= 1.0:
             return None
         rates.append(run.samples_per_s / (1.0 - share))
-    if len(rates) < 2:
-        return None
-    return (max(rates) - min(rates)) / statistics.median(rates)
+    return spread_of(rates)
 
 
 def causes_shown(trial: Trial, noise: float = th.TUNE_NOISE_FLOOR) -> list[Cause]:

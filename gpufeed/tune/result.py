@@ -17,6 +17,13 @@ from gpufeed.units import human_bytes
 TUNE_FORMAT = "gpufeed.tune/1"
 
 
+def spread_of(rates: list[float]) -> float | None:
+    """(max - min) / median of some runs' rates; None with fewer than two."""
+    if len(rates) < 2:
+        return None
+    return (max(rates) - min(rates)) / statistics.median(rates)
+
+
 @dataclass
 class TrialRun:
     """One measured run of one configuration."""
@@ -65,10 +72,7 @@ class Trial:
     @property
     def spread(self) -> float | None:
         """(max - min) / median over the runs; None with a single run."""
-        rates = self.ok_rates
-        if len(rates) < 2:
-            return None
-        return (max(rates) - min(rates)) / statistics.median(rates)
+        return spread_of(self.ok_rates)
 
     @property
     def reason(self) -> str | None:
