@@ -412,6 +412,14 @@ MIN_STEPS_FOR_FINDINGS = 10
 # A decision period lasts at least as long as a tune trial measures (TUNE_TRIAL_SECONDS) and at
 # least this many batches: a trial's throughput on fewer batches is one or two batches' accident.
 AUTOTUNE_PERIOD_MIN_BATCHES = 10
+# The live search stops (and keeps your settings) once the what-if model's pick and other trials, this
+# many in all, measured no faster than your settings beyond the noise: the model was wrong about this
+# job, and each further period below your settings (and the one back at the best after it) is paid by
+# the training run. The walk up the ladder stops at two rungs without a rise for the same reason. On the
+# CPU-bound bench (2026-12-06) the model's pick (2 workers, +25% predicted) measured -4% and the next
+# rung -34%; the eight trials that followed found 3 workers within the noise of your 0, at the cost of
+# periods down to -34% and the switches between them.
+AUTOTUNE_TRIALS_WITHOUT_GAIN = 2
 # The loop starts searching once it waits for data as much as a flagged data wait (the same 5% as
 # DATA_WAIT_SHARE_FLAG): below that, no DataLoader setting can buy more than the noise.
 AUTOTUNE_SEARCH_WAIT_SHARE = DATA_WAIT_SHARE_FLAG

@@ -21,6 +21,9 @@ tuner needs on top, and nothing the search already decides:
 - a period measured below the user's own settings by more than the noise is followed by a period at
   the best settings so far, before the search tries anything else: the run is never below the
   user's throughput for more than one period in a row;
+- a search whose first trials, the model's pick among them (``AUTOTUNE_TRIALS_WITHOUT_GAIN``), measure
+  no faster than the user's settings beyond the noise stops there and keeps them: the what-if model was
+  wrong about this job, and each further trial below them would be paid by the run;
 - a worker crash backs off to the user's settings (its batches are delivered by them: the
   switching core) and no setting with as many workers is tried again;
 - once settled, it keeps measuring the winner (quietly) and searches again from it when two
@@ -147,7 +150,7 @@ class Controller:
         window.observe(self.loader.worker_pids, t_request, t_deliver, samples, first_of_epoch, cpu_request)
         if window.done(self.min_batches):
             self._window = None
-            self._answers.put(window.period())
+            self._answers.put(window.period(self.loader.spawn_s))
         return None
 
     def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None:
@@ -213,7 +216,8 @@ class Controller:
         # No confirming pairs live: going back to your settings mid-training would cost the run itself;
         # the watch that follows keeps measuring the winner against what the search saw.
         search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers,
-                                       confirm_pairs=0, allow_reorder=self.allow_reorder)
+                                       confirm_pairs=0, allow_reorder=self.allow_reorder,
+                                       trials_without_gain=th.AUTOTUNE_TRIALS_WITHOUT_GAIN)
         try:
             result = search.run()
         except BaselineFailed as error:

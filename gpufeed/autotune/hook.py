@@ -79,7 +79,8 @@ def describe(event: dict[str, Any]) -> str | None:
         speedup = event.get("speedup")
         gain = f", {speedup - 1:+.0%} against your settings" if speedup else ""
         stream = "".join(f"; {event[k]}" for k in ("random_stream", "reorder") if event.get(k))
-        return f"settled on {event['label']}{gain} after {event['periods']} periods{stream}"
+        stopped = f" ({event['stopped']}: the search stopped)" if event.get("stopped") else ""
+        return f"settled on {event['label']}{gain} after {event['periods']} periods{stopped}{stream}"
     if action in ("refused", "hold"):
         return f"{action}: {event['why']}"
     if action == "crash":

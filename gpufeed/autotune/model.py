@@ -21,8 +21,9 @@ epoch's first batch, ``restart_share``: diagnose's definition) over the epochs t
 the start-up ``u`` of an epoch, taken out of the steady per-batch costs above (left in, a start-up of
 a third of the time read as workers three times slower, and the model picked num_workers=0 over the
 persistent worker it could not tell apart: the image-folder script). A period without an epoch start
-cannot give it: the model then ties persistent and non-persistent workers, and the search's own fixes
-decide persistence as in ``tune``. What the totals cannot give (the spread over batches) is left out.
+cannot give it: the model then counts the fork of each worker in the training process, timed at the
+latest pool's start (a switch's, or the first epoch's), per epoch; where none was timed it ties
+persistent and non-persistent workers, and the search's own fixes decide persistence as in ``tune``. What the totals cannot give (the spread over batches) is left out.
 The prediction is only where the search starts: the period measured there decides.
 """
 from __future__ import annotations
@@ -63,6 +64,9 @@ class Period:
     # period: the input pipeline's cost that no next() waited, as diagnose's startup_in_iter_share
     iter_share: float = 0.0
     epoch_starts: int = 0         # epochs that started inside the period (their first batch counted in it)
+    # starting a pool per worker (forking it in the training process), at the latest pool start: what each
+    # epoch's start costs non-persistent workers, where the period holds no epoch start to measure it
+    spawn_s: float | None = None
 
     @property
     def input_share(self) -> float:
@@ -83,6 +87,7 @@ class Period:
                 "elapsed_s": round(self.elapsed_s, 3), "batches": self.batches,
                 "startup_share": round(self.startup_share, 4), "iter_share": round(self.iter_share, 4),
                 "epoch_starts": self.epoch_starts,
+                "spawn_s": None if self.spawn_s is None else round(self.spawn_s, 5),
                 "cores_used": None if self.cores_used is None else round(self.cores_used, 3),
                 "main_cores": None if self.main_cores is None else round(self.main_cores, 3),
                 "host_busy_cores": None if self.host_busy_cores is None else round(self.host_busy_cores, 3),
@@ -98,7 +103,8 @@ class Period:
                    data.get("worker_busy"), data["elapsed_s"], data["batches"], data.get("startup_share", 0.0),
                    data.get("cores_used"), data.get("main_cores"), data.get("host_busy_cores"),
                    data.get("compute_cores"), data.get("node_cores_used"), data.get("node_ranks", 1),
-                   iter_share=data.get("iter_share", 0.0), epoch_starts=data.get("epoch_starts", 0))
+                   iter_share=data.get("iter_share", 0.0), epoch_starts=data.get("epoch_starts", 0),
+                   spawn_s=data.get("spawn_s"))
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None,
               max_workers: int | None = None, ranks: int = 1) -> "LiveFacts":
@@ -219,8 +225,10 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, 
         others = min(max(period.host_busy_cores - job, 0.0), cpu_count * th.WHATIF_MAX_OTHER_SHARE)
     return Costs(cpu_s=cpu, sleep_s=sleep, handoff_s=handoff, compute_s=compute, receive_s=0.0, main_cpu_s=main,
                  # the period measures an epoch's whole restart (forking, first batch, the old pool's
-                 # stop before it): u alone, no separate fork or stop terms
-                 startup_s=restart_s / period.epoch_starts if restart_s else 0.0, spawn_s=0.0, stop_s=0.0,
+                 # stop before it): u alone, no separate fork or stop terms; a period without one has
+                 # the latest pool's start per worker (a switch's), so persistence is not a tie there
+                 startup_s=restart_s / period.epoch_starts if restart_s else 0.0,
+                 spawn_s=0.0 if restart_s or period.spawn_s is None else period.spawn_s, stop_s=0.0,
                  batches_per_epoch=batches_per_epoch or period.batches, whole_epochs=batches_per_epoch is not None,
                  samples_per_batch=period.samples_per_s * per_batch, cores=float(cpu_count), other_cores=others,
                  workers=workers, persistent=bool(period.settings.persistent_workers), cuda=cuda,

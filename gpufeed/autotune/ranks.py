@@ -184,7 +184,7 @@ class Coordinator:
         k, self.exchanges = self.exchanges, self.exchanges + 1
         window = self.window
         report = {"n": self.n, "host": self.host,
-                  "period": window.period().to_dict() if window is not None and window.t_last is not None else None,
+                  "period": window.period(self.loader.spawn_s).to_dict() if window is not None and window.t_last is not None else None,
                   "crash": self._crash}
         self._crash = None
         started = time.perf_counter()

@@ -187,6 +187,9 @@ class SwitchingLoader:
         self._persistent: dict[LoaderSettings, Any] = {}  # children whose workers outlive an epoch
         self._base_seed: int | None = None
         self._live: _Epoch | None = None
+        # Starting the latest pool (forking its workers, one after the other, in this process), per
+        # worker: what each epoch's start costs non-persistent workers, known before a period holds one
+        self.spawn_s: float | None = None
 
     # -- behaving like the loader --------------------------------------------------------------
     def __iter__(self) -> "_Epoch":
@@ -256,7 +259,12 @@ class SwitchingLoader:
         else:
             seed = ((self._base_seed or 0) + _SEED_STEP * (self.switches + 1)) % _SEED_RANGE
             child.generator.manual_seed(seed)
-        return iter(child), feed
+        forks = bool(self.settings.num_workers) and getattr(child, "_iterator", None) is None
+        t0 = time.perf_counter()
+        iterator = iter(child)
+        if forks:
+            self.spawn_s = (time.perf_counter() - t0) / self.settings.num_workers
+        return iterator, feed
 
     def _begin_epoch(self) -> tuple[_Order | None, Any]:
         """What ``DataLoader.__iter__`` does to the main process's state, in torch's order: a new

@@ -75,8 +75,9 @@ class Window:
             self.host_busy0 = _host_busy_s()
         self.add(t_request, t_deliver, samples, first_of_epoch, cpu_request, time.process_time())
 
-    def period(self) -> Period:
-        """What the window measured so far, as a decision period."""
+    def period(self, spawn_s: float | None = None) -> Period:
+        """What the window measured so far, as a decision period (``spawn_s``: the loader's latest
+        pool start per worker, ``SwitchingLoader.spawn_s``)."""
         elapsed = max(self.t_last - self.t0, 1e-9)
         cpu1 = _cpu_times(list(self.worker_cpu0))
         busy = cores = None
@@ -104,7 +105,7 @@ class Window:
                       self.batches, self.startup_s / elapsed, cores,
                       None if main is None else main / elapsed, host,
                       None if self.compute_cpu_s is None else self.compute_cpu_s / elapsed,
-                      iter_share=self.iter_s / elapsed, epoch_starts=self.epoch_starts)
+                      iter_share=self.iter_s / elapsed, epoch_starts=self.epoch_starts, spawn_s=spawn_s)
 
 
 def window_skip(settings: LoaderSettings, switching: bool, delivered: int) -> int:

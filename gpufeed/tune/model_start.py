@@ -46,6 +46,7 @@ class ModelStart:
         # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
         # None until the model's pick has been measured.
         self.agreement: float | None = None
+        self.measured: Trial | None = None  # the pick's trial, once measured (faster than the start or not)
 
     def pick(self, start: Trial) -> Trial | None:
         """The setting the what-if model (analysis/whatif.py) predicts fastest from the baseline's run,
@@ -64,7 +65,7 @@ class ModelStart:
             return None
         trial = s._fix_causes(s._measured(
             settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
-        self.answer = model
+        self.answer, self.measured = model, trial
         if trial.ok and start.ok:
             self.agreement = ((trial.samples_per_s / start.samples_per_s)
                               / (best.samples_per_s / model.yours.samples_per_s))
@@ -81,7 +82,7 @@ class ModelStart:
         whatever its rate (storage bench, 2026-12-02: a baseline's slow step made the model's ceiling
         2,171 samples/s, its pick 13 workers measured 2,149-2,156 as if at it, and 16 made 2,721)."""
         noise = self.search.noise
-        if self.answer is not None and self.answer.best.limit == LIMIT_LOOP and waits_for_data(picked):
+        if self.ceiling_contradicted(picked):
             return False
         if self.agreement is None:
             return False
@@ -91,6 +92,13 @@ class ModelStart:
             # above its prediction; 8 and 12 then measured 14% and 8% below it, as the model ranked them).
             return True
         return abs(self.agreement - 1) <= th.TUNE_MODEL_AGREEMENT + noise
+
+    def ceiling_contradicted(self, picked: Trial) -> bool:
+        """Whether the model called its pick compute-bound (the data always ready) and the loop still
+        waited for data there: the step it read was slow because the loop starved, and the ceiling it
+        drew from it is too low. A starved loop's step runs cold: the storage bench's training step took
+        5.7 ms a batch at 1 worker and 0.5 ms at 8, timed without gpufeed (2026-12-06)."""
+        return bool(self.answer is not None and self.answer.best.limit == LIMIT_LOOP and waits_for_data(picked))
 
     def beyond(self, picked: Trial) -> Trial | None:
         """The one check of the model's curve past its pick: ``TUNE_MODEL_CHECK_FACTOR`` times the

@@ -137,7 +137,7 @@ class TuneResult:
     noise: float                      # relative difference treated as a tie
     budget_s: float | None
     elapsed_s: float
-    stopped: str | None = None        # None (search complete), "budget" or "interrupted"
+    stopped: str | None = None        # None (search complete), "budget", "interrupted" or search.NO_GAIN (live)
     target: Any = None                # overrides.Overrides naming the loader (site, and stack or role)
     training_config: dict | None = None  # the training loader's config in the first run (for the advice)
     # The winner against your configuration in alternated pairs of runs (``confirm.py``):

@@ -57,6 +57,10 @@ class BaselineFailed(Exception):
     """The user's own configuration could not be measured: there is nothing to compare against."""
 
 
+# Why a search stopped before its end (``TuneResult.stopped``): besides "budget" and "interrupted".
+NO_GAIN = "no setting beat yours"
+
+
 class _Stop(Exception):
     def __init__(self, why: str) -> None:
         super().__init__(why)
@@ -85,8 +89,12 @@ class Search:
                  budget_s: float | None = None, max_workers: int | None = None,
                  on_trial: Callable[[Trial], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  confirm_pairs: int = th.TUNE_CONFIRM_PAIRS, memory_available: MemoryReading | None = None,
-                 allow_reorder: bool = False):
+                 allow_reorder: bool = False, trials_without_gain: int | None = None):
         self.measure = measure
+        # Live (--autotune): the search stops once the model's pick and other trials, this many in all,
+        # measured no faster than your configuration beyond the noise; each of them is paid by the
+        # training run. None: offline.
+        self.trials_without_gain = trials_without_gain
         # in_order=False is tried only where the user allows reordering (--allow-reorder)
         self.allow_reorder = allow_reorder
         self.memory_available = memory_available or available_in_run
@@ -186,6 +194,11 @@ class Search:
                 self._try_changes(self._candidates_changes())
                 return
             picked = beyond  # wrong past its pick: the climb goes on from the faster point
+        elif picked is not None and self.model.ceiling_contradicted(picked):
+            # Its ceiling is too low, so the ladder's rungs above the pick are a guess too: the one
+            # check past it first, and the climb from there when it rises (storage bench under
+            # --autotune: 5 workers, then 8 and 16 on the way to 24-32, each a period and its forks).
+            picked = self.model.beyond(picked) or picked
         self._climb_workers(picked if picked is not None else fixed)
         self._refine_workers()
         self._no_workers_when_cores_are_full()
@@ -219,6 +232,21 @@ class Search:
             self.on_trial(trial)
         if run.status == INTERRUPTED:
             raise _Stop("interrupted")
+        if self.trials_without_gain is not None and self._without_gain() >= self.trials_without_gain:
+            raise _Stop(NO_GAIN)
+
+    def _without_gain(self) -> int:
+        """The trials besides yours, once the model's pick is one of them and none beat your configuration
+        by more than the noise (the model was wrong about this job); else 0. Without a pick, the ladder's
+        first rungs up are expected to lose before its walk down. A refusal or a crash measured no period,
+        and is not counted."""
+        yours, picked = self.trials.get(self.baseline_settings), self.model.measured
+        if yours is None or not yours.ok or picked is None or not picked.runs:
+            return 0
+        others = [t for t in self.trials.values() if t is not yours and t.ok]
+        if any(t.samples_per_s > yours.samples_per_s * (1 + self.noise) for t in others):
+            return 0
+        return len(others)
 
     def _measured(self, settings: LoaderSettings, why: str) -> Trial:
         trial = self._trial(settings, why)
@@ -386,11 +414,14 @@ class Search:
         if len(sides) == 2:
             sides = [sides[0] if tried[lower].samples_per_s >= tried[upper].samples_per_s else sides[1]]
         for lo, hi in sides:
-            for r in points:
-                if lo < r < hi and r <= self.max_workers:
-                    trial = self._measured(settings_at(r), f"between {lo} and {hi} {unit}")
-                    if self._faster(trial, self.best):
-                        self.best = trial
+            # The point next to the peak only: where the check past the model's pick skipped rungs
+            # (5, then 32), the points far from the peak (6, 12) are what the climb would have measured.
+            inside = [r for r in points if lo < r < hi and r <= self.max_workers]
+            if inside:
+                r = min(inside) if at == lo else max(inside)
+                trial = self._measured(settings_at(r), f"between {lo} and {hi} {unit}")
+                if self._faster(trial, self.best):
+                    self.best = trial
 
     def _no_workers_when_cores_are_full(self) -> None:
         """Loading in the training process itself, when the best run kept every core busy.

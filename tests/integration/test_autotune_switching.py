@@ -303,3 +303,28 @@ def test_settings_are_spelled_one_way():
     user = LoaderSettings(num_workers=2, prefetch_factor=2, persistent_workers=False, pin_memory=False)
     assert normalized(LoaderSettings(num_workers=0, prefetch_factor=4), user) == normalized(LoaderSettings(num_workers=0), user)
     assert normalized(LoaderSettings(), user) == user
+
+
+def test_each_new_pool_times_the_fork_of_its_workers_and_a_kept_pool_does_not():
+    """``spawn_s``: starting a pool, per worker, timed when workers are forked (an epoch's non-persistent
+    pool, a switch's new one) and left as it was when a persistent pool is only reset."""
+    loader = SwitchingLoader(_shuffled(n=40)())
+    try:
+        assert loader.spawn_s is None
+        it = iter(loader)
+        first = loader.spawn_s
+        assert first is not None and 0 < first < 1.0  # one fork of this process: milliseconds
+        next(it)
+        loader.request(W3P)
+        next(it)  # the switch: a pool of 3 persistent workers forked now
+        switched = loader.spawn_s
+        assert switched is not None and switched != first
+        list(it)
+        loader.spawn_s = None
+        list(iter(loader))  # the next epoch resets the persistent pool: nothing forked
+        assert loader.spawn_s is None
+        loader.request(W0)
+        list(iter(loader))  # no workers: nothing forked
+        assert loader.spawn_s is None
+    finally:
+        loader.close()

@@ -29,6 +29,7 @@ class SimulatedLoader:
         self.settings = self.user
         self.iterable = False
         self.listener = None
+        self.spawn_s = None  # no pool is forked: no start-up to count
 
     def worker_pids(self) -> list[int]:
         return []

@@ -130,3 +130,31 @@ def test_the_live_model_takes_each_epochs_restart_out_of_the_steady_batch():
     quiet = live_costs(Period(s, 200.0, 0.10, 0.5, 4.0, 100, cores_used=1.2, main_cores=0.8,
                               compute_cores=0.8), 2, 25, False)
     assert quiet.startup_s == 0.0
+
+
+def test_a_period_without_an_epoch_start_counts_the_timed_fork_of_each_worker():
+    """The storage bench's search measured 16 non-persistent workers (1,399 samples/s, an epoch start
+    in the period) before 16 persistent (2,490): the switch to 8 had already timed the fork of each
+    worker (about 10 ms), and an epoch of 1.8 s restarting 16 of them pays about 9% for it."""
+    from gpufeed.autotune.model import live_costs, live_what_if
+    from gpufeed.analysis.whatif import predict, Spread
+    s = LoaderSettings(num_workers=8, prefetch_factor=2, persistent_workers=False)
+    # 1 s, 225 batches of 8 at 71% waiting: 8 workers sleeping 32 ms a batch, a 1.3 ms step
+    period = dict(cores_used=1.7, main_cores=1.2, host_busy_cores=1.7, compute_cores=0.38)
+    timed = Period(s, 1800.0, 0.71, 0.07, 1.0, 225, spawn_s=0.010, **period)
+    c = live_costs(timed, 2, 400, False)
+    assert c.spawn_s == pytest.approx(0.010) and c.startup_s == 0.0
+    spread = Spread(c, c, c)
+    assert predict(spread, 16, True).samples_per_s > 1.05 * predict(spread, 16, False).samples_per_s
+    assert live_what_if(timed, 2, 400, False).best.persistent_workers
+    # Untimed: a tie, and the cheaper non-persistent setting is the model's pick (as before)
+    untimed = Period(s, 1800.0, 0.71, 0.07, 1.0, 225, **period)
+    assert live_costs(untimed, 2, 400, False).spawn_s == 0.0
+    assert not live_what_if(untimed, 2, 400, False).best.persistent_workers
+    # A fork that is a sliver of a long epoch buys nothing worth keeping workers alive for
+    long_epochs = live_what_if(Period(s, 1800.0, 0.71, 0.07, 1.0, 225, spawn_s=0.0005, **period), 2, 40_000, False)
+    assert not long_epochs.best.persistent_workers
+    # Where the period holds an epoch start, its measured restart is u, and the fork is not counted twice
+    restarting = Period(s, 1500.0, 0.71, 0.07, 1.0, 190, startup_share=0.05, iter_share=0.1, epoch_starts=1,
+                        spawn_s=0.010, **period)
+    assert live_costs(restarting, 2, 400, False).spawn_s == 0.0

@@ -25,7 +25,8 @@ def fake_diagnosis(data_wait=0.5, startup=0.0, cpu_ratio=0.9, torch_threads=1, c
     metrics = SimpleNamespace(data_wait_share=data_wait, worker_startup_share=startup,
                               worker_fetch_cpu_ratio=cpu_ratio, worker_torch_threads=torch_threads,
                               cuda_used=cuda, gpu_idle_share=None, cpu_cores_command=cores_used, cpu_count=2,
-                              startup_in_iter_share=None, fork_step_share=None, restart_wait_share=None)
+                              startup_in_iter_share=None, fork_step_share=None, restart_wait_share=None,
+                              worker_running_share=None)
     return SimpleNamespace(metrics=metrics, finding=lambda fid: fid if fid in findings else None)
 
 
@@ -788,3 +789,53 @@ def test_start_up_is_weighed_against_the_noise_with_start_up_taken_out():
     search.run()
     assert search.startup_noise == th.TUNE_NOISE_FLOOR           # start-up taken out: the halves agree
     assert any(s.persistent_workers for s in tried)
+
+
+def test_a_compute_bound_pick_that_still_waits_is_checked_beyond_before_the_ladder():
+    """The storage bench under --autotune (2026-12-06): the model read a starved loop's cold step as the
+    ceiling and picked 5 workers, then 8 and 16 were each a period (and their forks) on the way to 24-32.
+    The check past the pick goes there at once, and the refinement measures the point next to the peak,
+    not every point the check skipped."""
+    # (the workers asleep through their batches, as the storage bench's are: no walk down from the top)
+    workload = Workload(storage_bound, noise=0.0, diagnosis=lambda s: with_model(4, speedup=2.0, noise=0.03,
+                                                                               limit="compute", cpu_ratio=0.05))
+    result = run_search(workload, start(1), max_workers=32)
+    workers = [s.num_workers for s in workload.runs]
+    assert workers[:3] == [1, 4, 32], workers
+    assert result.best.settings.num_workers == 32
+    assert not {6, 8, 12, 16} & set(workers), workers
+    assert 24 in workers, workers  # the point next to the peak
+
+
+def test_a_live_search_stops_once_the_model_s_pick_and_one_more_gained_nothing():
+    """The CPU-bound bench under --autotune (2026-12-06): your 0 workers at 491 samples/s, the model's
+    pick (2 workers) -4%, then 1 worker -34%. Live, each such trial is a period of the run: the search
+    stops after two and keeps your settings; offline it walks on."""
+    from gpufeed.tune.search import NO_GAIN
+
+    def yours_best(s):
+        return 1000.0 if not s.num_workers else 600.0 + 20 * (s.num_workers or 0)
+
+    model = lambda s: with_model(2, speedup=1.2, noise=0.03, data_wait=0.9 if not s.num_workers else 0.5)
+    live = Workload(yours_best, noise=0.0, diagnosis=model)
+    result = run_search(live, start(0), trials_without_gain=2, confirm_pairs=0)
+    assert [s.num_workers for s in live.runs] == [0, 2, 1], live.runs
+    assert result.stopped == NO_GAIN and result.best.settings == normalise(start(0))
+    # A pick within the noise of yours gained nothing either
+    tied = Workload(lambda s: {0: 1000.0, 2: 990.0}.get(s.num_workers or 0, 700.0), noise=0.0, diagnosis=model)
+    result = run_search(tied, start(0), trials_without_gain=2, confirm_pairs=0)
+    assert [s.num_workers for s in tied.runs] == [0, 2, 1] and result.stopped == NO_GAIN, tied.runs
+    offline = Workload(yours_best, noise=0.0, diagnosis=model)
+    result = run_search(offline, start(0), confirm_pairs=0)
+    assert len(offline.runs) > 3 and result.stopped is None
+    # A pick that loses, then a trial that wins: no stop (the climb goes on to 1,500)
+    def later_best(s):
+        return {0: 1000.0, 2: 800.0, 1: 1200.0}.get(s.num_workers or 0, 1500.0)
+    climbing = Workload(later_best, noise=0.0, diagnosis=model)
+    result = run_search(climbing, start(0), trials_without_gain=2, confirm_pairs=0)
+    assert result.stopped is None and result.best.samples_per_s == 1500.0, climbing.runs
+    # Trials that lose while the model's pick was not among them (no pick, or one that won) are the
+    # ladder's first rungs up: no stop
+    unmodelled = Workload(yours_best, noise=0.0)
+    result = run_search(unmodelled, start(0), trials_without_gain=2, confirm_pairs=0)
+    assert result.stopped is None and len(unmodelled.runs) > 3
