@@ -420,6 +420,10 @@ AUTOTUNE_PERIOD_MIN_BATCHES = 10
 # rung -34%; the eight trials that followed found 3 workers within the noise of your 0, at the cost of
 # periods down to -34% and the switches between them.
 AUTOTUNE_TRIALS_WITHOUT_GAIN = 2
+# Once settled, the winner's periods are compared with the median of its last this many (about a
+# minute at the default 4 s period): long enough that a period's noise does not move it, short enough
+# that a rate that changed for good an hour ago is the reference now.
+AUTOTUNE_WATCH_PERIODS = 15
 # The loop starts searching once it waits for data as much as a flagged data wait (the same 5% as
 # DATA_WAIT_SHARE_FLAG): below that, no DataLoader setting can buy more than the noise.
 AUTOTUNE_SEARCH_WAIT_SHARE = DATA_WAIT_SHARE_FLAG

@@ -27,8 +27,10 @@ tuner needs on top, and nothing the search already decides:
 - a worker crash backs off to the user's settings (its batches are delivered by them: the
   switching core) and no setting with as many workers is tried again;
 - once settled, it keeps measuring the winner (quietly) and searches again from it when two
-  periods in a row fall below what it measured by more than twice the noise while the loop waits
-  for data: caches warm up, other jobs arrive, and the best setting moves during a run.
+  periods in a row fall below the median of its periods since it settled by more than twice the
+  noise while the loop waits for data: caches warm up, other jobs arrive, and the best setting moves
+  during a run. (Not below what the search measured of it: the winner is the best of several noisy
+  measurements, so that figure is high, and normal periods fell "below" it.)
 
 Every decision is an ``autotune`` event of the run record (``docs/run-record.md``).
 """
@@ -36,8 +38,10 @@ from __future__ import annotations
 
 import os
 import queue
+import statistics
 import threading
 import time
+from collections import deque
 from typing import Any, Callable
 
 from gpufeed import thresholds as th
@@ -189,8 +193,8 @@ class Controller:
             settled = self._search_from(settings)
             if settled is None:
                 return
-            settings, rate, noise = settled
-            watched = self._watch(settings, rate, noise)
+            settings, since, noise = settled
+            watched = self._watch(settings, since, noise)
             first = [watched] if watched is not None else []
 
     def _until_the_loop_waits(self, periods: list["Period"], settings: LoaderSettings) -> bool:
@@ -210,8 +214,9 @@ class Controller:
         self._ready = {settings: [period]}
         return True
 
-    def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, float, float] | None:
-        """tune's search from ``start``, one live period per trial; switched to its winner."""
+    def _search_from(self, start: LoaderSettings) -> tuple[LoaderSettings, list[float], float] | None:
+        """tune's search from ``start``, one live period per trial; switched to its winner: (the winner,
+        the samples/s of its period right after, the search's noise)."""
         from gpufeed.tune.search import BaselineFailed, Search
         # No confirming pairs live: going back to your settings mid-training would cost the run itself;
         # the watch that follows keeps measuring the winner against what the search saw.
@@ -231,25 +236,30 @@ class Controller:
                    stopped=result.stopped,
                    random_stream=random_stream_note(start.num_workers, best.num_workers),
                    reorder=_reorder_said(result.reorder, best))
-        self._measure(best, "the search's winner")  # switched to at once, and measured once more
-        return best, result.best.samples_per_s, result.noise
+        winner = self._measure(best, "the search's winner")  # switched to at once, and measured once more
+        return best, [winner.samples_per_s] if isinstance(winner, Period) else [], result.noise
 
-    def _watch(self, settings: LoaderSettings, rate: float, noise: float) -> "Period | None":
-        """Measure the winner quietly; the period that ends the watch (two in a row clearly below
-        ``rate`` while the loop waits for data), or None when the loop can no longer be measured."""
+    def _watch(self, settings: LoaderSettings, since: list[float], noise: float) -> "Period | None":
+        """Measure the winner quietly; the period that ends the watch (two in a row clearly below the
+        median of its last ``AUTOTUNE_WATCH_PERIODS`` periods since it settled, ``since`` the first of
+        them, while the loop waits for data), or None when the loop can no longer be measured."""
+        seen = deque(since, maxlen=th.AUTOTUNE_WATCH_PERIODS)
         low = 0
         while True:
             period = self._measure(settings, "watching the winner", log=False)
             if isinstance(period, str):
                 return None
-            clearly_low = (period.samples_per_s < rate * (1 - 2 * noise)
+            reference = statistics.median(seen) if seen else period.samples_per_s
+            clearly_low = (period.samples_per_s < reference * (1 - 2 * noise)
                            and period.input_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
             low = low + 1 if clearly_low else 0
             if low >= 2:
                 self.event(DRIFT, why=f"{settings.label()} fell to {period.samples_per_s:,.0f} samples/s from "
-                                      f"{rate:,.0f} (noise {noise:.0%}) with the loop waiting for data: searching "
-                                      "again from it", period=period.to_dict())
+                                      f"{reference:,.0f} (the median of its {len(seen)} periods since it settled; "
+                                      f"noise {noise:.0%}) with the loop waiting for data: searching again from it",
+                           period=period.to_dict())
                 return period
+            seen.append(period.samples_per_s)
 
     def _trial(self, settings: LoaderSettings, why: str) -> TrialRun:
         """One trial of the search: a live period with ``settings`` (or a refusal)."""
