@@ -73,7 +73,12 @@ def describe(event: dict[str, Any]) -> str | None:
     if action == "switch":
         # several ranks: rank 0 says it for all, before the batch every rank switches at (its own record's
         # batch under diagnose, where analysis/rank_switches.py checks the ranks against each other)
-        ranks = f", every rank before batch {event['batch']}" if event.get("batch") is not None else ""
+        if event.get("batch") is None:
+            ranks = ""
+        elif event.get("agreed", True):
+            ranks = f", every rank before batch {event['batch']}"
+        else:  # a crash's back-off or a fall-back: this rank's own, the others at their own batches
+            ranks = f", rank {event.get('rank', 0)} before batch {event['batch']}, each rank on its own"
         return f"switched to {event['label']} ({event['where']}{ranks})"
     if action == "settled":
         speedup = event.get("speedup")

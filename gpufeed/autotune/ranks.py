@@ -41,7 +41,7 @@ from gpufeed.autotune.controller import DECLINED, START, SWITCH, Controller
 from gpufeed.autotune.window import Window, window_skip
 from gpufeed.autotune.memory import batch_bytes
 from gpufeed.autotune.model import Period
-from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
+from gpufeed.autotune.switching import AFTER_CRASH, LoaderSettings, SwitchingLoader, normalized
 
 
 # The shortest window whose batches/s places the next exchange: shorter ones (a pool handing over
@@ -168,8 +168,12 @@ class Coordinator:
             window.add_iter(seconds)
 
     def on_switch(self, old: LoaderSettings, new: LoaderSettings, where: str, t: float) -> None:
-        # ``batch``: how many batches this rank had received when it switched (the same on every rank)
-        self.event(SWITCH, old=old.to_dict(), new=new.to_dict(), label=new.label(), where=where, batch=self.n)
+        # ``batch``: how many batches this rank had received when it switched, the same on every rank
+        # where rank 0 decided it (``agreed``); a worker crash's back-off and a fall-back once the ranks
+        # can no longer agree are this rank's own, at its own batch
+        agreed = self.off is None and where != AFTER_CRASH
+        self.event(SWITCH, old=old.to_dict(), new=new.to_dict(), label=new.label(), where=where, batch=self.n,
+                   agreed=agreed)
 
     def on_crash(self, settings: LoaderSettings, error: BaseException) -> LoaderSettings:
         """A worker of this rank died: this rank backs off to your settings now (its lost batches are

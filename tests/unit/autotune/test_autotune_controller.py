@@ -208,6 +208,10 @@ def test_events_in_words_and_batch_bytes():
     # several ranks (gpufeed run: rank 0 says it for all): the batch every rank switches before
     assert (describe({"action": "switch", "label": "w4 p2", "where": "mid-epoch", "batch": 37, "rank": 0})
             == "switched to w4 p2 (mid-epoch, every rank before batch 37)")
+    # rank 0 backing off alone (a worker crash, or the ranks no longer agreeing): not every rank's switch
+    assert (describe({"action": "switch", "label": "w1 p2", "where": "after a worker crash", "batch": 57, "rank": 0,
+                      "agreed": False})
+            == "switched to w1 p2 (after a worker crash, rank 0 before batch 57, each rank on its own)")
     assert describe({"action": "measured"}) is None
     assert batch_bytes([torch.zeros(4, 2), {"y": torch.zeros(4, dtype=torch.int64)}]) == 4 * 2 * 4 + 4 * 8
 

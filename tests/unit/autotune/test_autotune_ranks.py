@@ -155,6 +155,10 @@ def test_a_rank_that_stops_leaves_every_rank_at_the_users_settings():
     declined = [e for e in leader.events if e["action"] == DECLINED]
     assert len(declined) == 1 and declined[0]["said"] is True and "rank 1" in declined[0]["why"]
     assert leader.n == 1500                     # rank 0 went on to the end, at your settings
+    # The decided switches were every rank's; the fall-back to your settings is rank 0's own
+    said = [e for e in leader.events if e["action"] == SWITCH]
+    assert said[-1]["new"] == user.to_dict() and said[-1]["agreed"] is False, said[-1]
+    assert all(e["agreed"] for e in said[:-1]), said
 
 
 def test_a_rank_that_loses_rank_0_goes_back_on_its_own():
