@@ -219,7 +219,7 @@ class Controller:
         the samples/s of its period right after, the search's noise)."""
         from gpufeed.tune.search import BaselineFailed, Search
         # No confirming pairs live: going back to your settings mid-training would cost the run itself;
-        # the watch that follows keeps measuring the winner against what the search saw.
+        # the watch that follows keeps measuring the winner against its own periods.
         search = self._search = Search(self._trial, start, self.cpu_count, max_workers=self.max_workers,
                                        confirm_pairs=0, allow_reorder=self.allow_reorder,
                                        trials_without_gain=th.AUTOTUNE_TRIALS_WITHOUT_GAIN)

@@ -23,7 +23,8 @@ a third of the time read as workers three times slower, and the model picked num
 persistent worker it could not tell apart: the image-folder script). A period without an epoch start
 cannot give it: the model then counts the fork of each worker in the training process, timed at the
 latest pool's start (a switch's, or the first epoch's), per epoch; where none was timed it ties
-persistent and non-persistent workers, and the search's own fixes decide persistence as in ``tune``. What the totals cannot give (the spread over batches) is left out.
+persistent and non-persistent workers, and the search's own fixes decide persistence as in ``tune``.
+What the totals cannot give (the spread over batches) is left out.
 The prediction is only where the search starts: the period measured there decides.
 """
 from __future__ import annotations

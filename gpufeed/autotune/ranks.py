@@ -187,8 +187,9 @@ class Coordinator:
     def _exchange(self) -> LoaderSettings | None:
         k, self.exchanges = self.exchanges, self.exchanges + 1
         window = self.window
+        measured = window is not None and window.t_last is not None
         report = {"n": self.n, "host": self.host,
-                  "period": window.period(self.loader.spawn_s).to_dict() if window is not None and window.t_last is not None else None,
+                  "period": window.period(self.loader.spawn_s).to_dict() if measured else None,
                   "crash": self._crash}
         self._crash = None
         started = time.perf_counter()

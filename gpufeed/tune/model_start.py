@@ -46,7 +46,6 @@ class ModelStart:
         # The pick measured against the model's prediction, relative to your run (1.0: as predicted);
         # None until the model's pick has been measured.
         self.agreement: float | None = None
-        self.measured: Trial | None = None  # the pick's trial, once measured (faster than the start or not)
 
     def pick(self, start: Trial) -> Trial | None:
         """The setting the what-if model (analysis/whatif.py) predicts fastest from the baseline's run,
@@ -65,7 +64,7 @@ class ModelStart:
             return None
         trial = s._fix_causes(s._measured(
             settings, f"the model's best: {best.samples_per_s:,.0f} samples/s predicted ({best.limit} bound)"))
-        self.answer, self.measured = model, trial
+        self.answer = model
         if trial.ok and start.ok:
             self.agreement = ((trial.samples_per_s / start.samples_per_s)
                               / (best.samples_per_s / model.yours.samples_per_s))

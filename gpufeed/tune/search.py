@@ -240,8 +240,8 @@ class Search:
         by more than the noise (the model was wrong about this job); else 0. Without a pick, the ladder's
         first rungs up are expected to lose before its walk down. A refusal or a crash measured no period,
         and is not counted."""
-        yours, picked = self.trials.get(self.baseline_settings), self.model.measured
-        if yours is None or not yours.ok or picked is None or not picked.runs:
+        yours = self.trials.get(self.baseline_settings)
+        if yours is None or not yours.ok or self.model.answer is None:  # no pick measured
             return 0
         others = [t for t in self.trials.values() if t is not yours and t.ok]
         if any(t.samples_per_s > yours.samples_per_s * (1 + self.noise) for t in others):

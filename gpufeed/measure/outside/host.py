@@ -28,12 +28,12 @@ DISCOVER_EVERY_S = 1.0
 # Other programs (outside the tree, gpufeed aside) are read about every 2 s: every process's CPU time,
 # the busiest few kept, so a finding can name who took the job's cores (a few ms a reading here).
 OTHERS_EVERY_S = 2.0
+OTHERS_KEPT = 3
+OTHERS_MIN_CORES = 0.05
 # A stalled loader's processes: each one's state is read this many times, this far apart, and the state
 # it held most is said (a process blocked for minutes is woken for microseconds by every signal).
 STATE_READS = 5
 STATE_READ_GAP_S = 0.01
-OTHERS_KEPT = 3
-OTHERS_MIN_CORES = 0.05
 
 _LINUX = sys.platform.startswith("linux")
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if _LINUX else 100
@@ -426,12 +426,10 @@ def _held_state(proc: psutil.Process) -> tuple[str | None, str | None]:
     One reading is a coin toss for a blocked worker: gpufeed's own wall sampler wakes it for a few
     microseconds each tick (as would any signal), and a reading that lands there says "running".
     """
-    states: Counter[tuple[str, str | None]] = Counter()
+    readings = []
     for i in range(STATE_READS):
         if i:
             time.sleep(STATE_READ_GAP_S)
-        states[(proc.status(), _read_wchan(proc.pid))] += 1
-    by_status = Counter(status for status, _ in states.elements())
-    status = by_status.most_common(1)[0][0]
-    wchan = next(w for (s, w), _ in states.most_common() if s == status)
-    return status, wchan
+        readings.append((proc.status(), _read_wchan(proc.pid)))
+    status = Counter(s for s, _ in readings).most_common(1)[0][0]
+    return status, Counter(w for s, w in readings if s == status).most_common(1)[0][0]
