@@ -438,6 +438,10 @@ AUTOTUNE_RAM_BUDGET_SHARE = 0.5
 # and each worker's copy-on-read growth can reach the size of the dataset's Python objects
 # (pytorch/pytorch#13246), which no estimate made at a worker's start sees.
 AUTOTUNE_MIN_AVAILABLE_SHARE = 0.10
+# A new worker's memory is estimated as the average private memory of this many of the pool's workers:
+# each read walks a process's page tables (70-90 ms for all 24 idle workers of the storage bench's
+# pool on its 2 cores, 2026-12-06), and workers of one pool run the same code on the same data.
+AUTOTUNE_MEMORY_SAMPLE_WORKERS = 4
 # A worker killed just after it queued a batch can surface as a ConnectionResetError (the batch's
 # shared memory is fetched from the dead process) before the kernel has reaped it: the autotuner
 # waits this long for the death to show before it calls the error the user's own. A SIGKILLed

@@ -44,7 +44,9 @@ def private_b(pid: int) -> int | None:
 def extra_memory_b(worker_pids: list[int], new_workers: int, new_slots: int, batch_b: int | None) -> int | None:
     """Estimated memory a raise adds: each new worker as much private memory as the current ones
     hold on average, each new prefetch slot one batch. None when neither can be estimated."""
-    per_worker = [b for b in (private_b(p) for p in worker_pids) if b is not None]
+    # A few workers tell the average; none is read for a deeper prefetch alone.
+    sample = worker_pids[:th.AUTOTUNE_MEMORY_SAMPLE_WORKERS] if new_workers else []
+    per_worker = [b for b in (private_b(p) for p in sample) if b is not None]
     parts = []
     if new_workers and per_worker:
         parts.append(new_workers * sum(per_worker) // len(per_worker))

@@ -15,7 +15,10 @@ sampler is a *feed* that pulls from that order. To change settings (between epoc
    ones drain) and pulls the rest of the epoch's order from where the old one stopped.
 
 So the sequence of batches is the user's sampler's, whatever the switches: same seed, same batches,
-same order as a plain run. A map-style dataset's indices are all in the main process; an
+same order as a plain run. A switch that changes only ``prefetch_factor`` starts no pool: the running
+one is told how many batches to keep in flight (``_set_prefetch``), which changes what is in flight,
+never which batch comes next. (Forking a pool costs the loop 13-21 ms a worker on the bench's storage
+job; a deeper-prefetch trial and the way back from it forked two pools as large only for that.) A map-style dataset's indices are all in the main process; an
 ``IterableDataset``'s items are made inside its workers, which split them by ``get_worker_info()``:
 its order cannot be handed over mid-epoch without the dataset's cooperation, so it switches only at
 epoch boundaries, and never changes ``num_workers`` (the worker count decides which items it yields
@@ -35,6 +38,7 @@ listener backs off to takes them. At the user's own settings the error is raised
 from __future__ import annotations
 
 import time
+import warnings
 from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Protocol
@@ -50,6 +54,7 @@ _SEED_STEP = 0x9E3779B97F4A7C15
 _SEED_RANGE = 2 ** 63
 # Where a switch happens (the run record's autotune events say so).
 EPOCH_START, MID_EPOCH, AFTER_CRASH = "epoch start", "mid-epoch", "after a worker crash"
+IN_PLACE = "mid-epoch, in place"  # only prefetch_factor changed: the running pool goes on, no new one
 
 
 class Listener(Protocol):
@@ -298,10 +303,18 @@ class SwitchingLoader:
         delivers its in-flight batches: whoever drains it shuts it down; at an epoch's start it is idle."""
         old, self.settings, self.pending = self.settings, settings, None
         self.switches += 1
-        if where == EPOCH_START:
-            self._drop(old)
-        else:
-            self._persistent.pop(old, None)
+        kept = self._persistent.pop(old, None)
+        if kept is not None and where in (EPOCH_START, IN_PLACE) and _only_prefetch_differs(old, settings):
+            # The same persistent pool, kept under its new settings (in place: the caller changes what
+            # it has in flight; at an epoch's start, idle, its next reset primes the new depth)
+            kept.prefetch_factor = settings.prefetch_factor
+            iterator = getattr(kept, "_iterator", None)
+            if iterator is not None and hasattr(iterator, "_prefetch_factor"):
+                iterator._prefetch_factor = settings.prefetch_factor
+            self._persistent[settings] = kept
+        elif kept is not None and where == EPOCH_START:
+            _shut_down(getattr(kept, "_iterator", None))
+            kept._iterator = None
         if self.listener is not None:
             self.listener.on_switch(old, settings, where, time.perf_counter())
 
@@ -367,6 +380,10 @@ class _Epoch:
         owner = self.owner
         if self.order.exhausted():
             return  # nothing left to hand over: the switch happens at the next epoch's start
+        if _only_prefetch_differs(owner.settings, owner.pending) and _set_prefetch(self.current, None):
+            owner._switch_to(owner.pending, IN_PLACE)
+            _set_prefetch(self.current, owner.settings.prefetch_factor)
+            return
         self.feed.open = False  # the old pool gets no more; its in-flight batches come first
         self.draining = (self.current, self.feed, owner.settings)
         owner._switch_to(owner.pending, MID_EPOCH)
@@ -404,6 +421,58 @@ class _Epoch:
             _shut_down(self.current)
         if self.owner._live is self:
             self.owner._live = None
+
+
+def _only_prefetch_differs(old: LoaderSettings, new: LoaderSettings | None) -> bool:
+    return (new is not None and bool(old.num_workers) and old.prefetch_factor != new.prefetch_factor
+            and replace(old, prefetch_factor=new.prefetch_factor) == new)
+
+
+def _set_prefetch(iterator: Any, factor: int | None) -> bool:
+    """Tell a running pool (torch's multi-process iterator) to keep ``factor`` batches per worker in
+    flight from now on; ``factor`` None only asks whether it can. Deeper: the missing indices are sent
+    at once; shallower: none is sent until fewer than the new depth are in flight (torch sends one per
+    delivered batch and refuses more than its depth, so waiting is what keeps its count right).
+    Either way the indices go out in the feed's order: which batch comes next does not change.
+    False where ``iterator`` is not a live one of a torch that works this way (private attributes,
+    stable since torch 1.7): the switch then starts a pool as any other."""
+    names = ("_prefetch_factor", "_num_workers", "_task_info", "_try_put_index", "_shutdown")
+    if iterator is None or not all(hasattr(iterator, name) for name in names) or iterator._shutdown:
+        return False
+    if factor is None:
+        return True
+    iterator._prefetch_factor = factor
+    if _in_flight(iterator) > factor * iterator._num_workers:
+        if "_try_put_index" not in vars(iterator):
+            iterator._try_put_index = _PutBelowDepth(iterator)
+        return True
+    while _in_flight(iterator) < factor * iterator._num_workers:
+        sent = _in_flight(iterator)
+        iterator._try_put_index()
+        if _in_flight(iterator) == sent:  # the epoch's order is exhausted
+            break
+    return True
+
+
+def _in_flight(iterator: Any) -> int:
+    """Batches sent to the pool's workers and not yet delivered (made or not): what its depth bounds.
+    (torch's ``_tasks_outstanding`` leaves out those made ahead of their turn.)"""
+    return len(iterator._task_info)
+
+
+class _PutBelowDepth:
+    """Stands in for torch's ``_try_put_index`` on one iterator while more batches are in flight than
+    its lowered depth: sends nothing until fewer are, then hands back to torch's own method for good."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.iterator = iterator
+
+    def __call__(self) -> None:
+        it = self.iterator
+        if _in_flight(it) >= it._prefetch_factor * it._num_workers:
+            return
+        vars(it).pop("_try_put_index", None)  # caught up: torch's method again (and no reference cycle)
+        it._try_put_index()
 
 
 def _leading_size(batch: Any) -> int | None:
@@ -452,13 +521,28 @@ def _build_child(loader: Any, settings: LoaderSettings, iterable: bool) -> Any:
     else:
         feed = _Feed()
         kwargs.update(batch_size=None, sampler=feed)
-    child = dataloader_hook.build_plain(DataLoader, loader.dataset, **kwargs)
+    with warnings.catch_warnings():
+        if settings.num_workers != loader.num_workers:
+            _quiet_worker_count(None)
+        child = dataloader_hook.build_plain(DataLoader, loader.dataset, **kwargs)
+    if settings.num_workers != loader.num_workers:
+        _quiet_worker_count(child)
     user = tag_of(loader)
     if user is not None:  # filed under the user's loader: where it was built, its id
         child_tag = tag(child)
         child_tag.site, child_tag.built, child_tag.loader_id = user.site, user.built, user.loader_id
     tag(child).held["feed"] = feed
     return child
+
+
+def _quiet_worker_count(child: Any) -> None:
+    """No torch warning that ``num_workers`` exceeds the cores, for a worker count the search chose
+    (it measured that count against the cores; the user did not ask for it and cannot act on it):
+    ``child`` None, while building one (torch checks in ``__init__``); else on every start of its pools."""
+    if child is None:
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+    else:
+        child.check_worker_number_rationality = lambda: None
 
 
 def _shut_down(iterator: Any) -> None:

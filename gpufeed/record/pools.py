@@ -11,8 +11,9 @@ model and for the ``worker_restart`` rule. Rather than have every reader of
 of the epoch it continues, here, once: the record then reads as the plain run it stands for, one
 iterator per epoch (or one per run with persistent workers), and the pools stay in ``pools``.
 
-How a mid-epoch pool is known: the ``autotune`` event ``switch`` whose ``where`` is not
-``epoch start`` ("mid-epoch", "after a worker crash") is logged on the training thread just before
+How a mid-epoch pool is known: the ``autotune`` event ``switch`` whose ``where`` is
+"mid-epoch" or "after a worker crash" (not "epoch start", nor "mid-epoch, in place": the running
+pool's ``prefetch_factor`` changed, and no pool started) is logged on the training thread just before
 the new pool's iterator is created, so that pool is the first iterator its process created at or
 after the switch's ``t``. It continues the last iterator before it of the same loader (the same
 ``DataLoader(...)`` site, else the same loader id), which may itself be a pool already filed.
@@ -29,12 +30,13 @@ from gpufeed.record.rows import CudaRows, Rows, StepRows
 IteratorRecord = Any  # reader.IteratorRecord (the reader imports this module)
 
 EPOCH_START = "epoch start"  # the switch event's ``where`` for a pool that starts an epoch
+IN_PLACE = "mid-epoch, in place"  # ... for a change of the running pool's prefetch_factor: no new pool
 
 
 def file_pools(iterators: list[IteratorRecord], autotune: list[dict[str, Any]]) -> list[IteratorRecord]:
     """``iterators`` (in creation order) with each mid-epoch pool filed under the epoch it continues."""
     switches = sorted((ev["pid"], ev["t"]) for ev in autotune
-                      if ev["action"] == "switch" and ev.get("where") != EPOCH_START)
+                      if ev["action"] == "switch" and ev.get("where") not in (EPOCH_START, IN_PLACE))
     if not switches:
         return iterators
     continuing: set[tuple[int, int]] = set()

@@ -328,3 +328,110 @@ def test_each_new_pool_times_the_fork_of_its_workers_and_a_kept_pool_does_not():
         assert loader.spawn_s is None
     finally:
         loader.close()
+
+
+class Pools(Switches):
+    """Notes where each switch happened and the worker processes running right after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loader = None
+        self.pids: list[list[int]] = []
+
+    def on_batch(self, *args):
+        if len(self.pids) < len(self.where):
+            self.pids.append(self.loader.worker_pids())
+        return None
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("at", [0, 1, 3, 5, 7])
+def test_a_prefetch_only_switch_changes_the_running_pool_in_place(at, persistent):
+    """Deeper, then shallower, mid-epoch: the same workers go on (no pool forked), the batches are the
+    plain run's, the batches in flight reach the deeper depth at once, and fall to the shallower one
+    by deliveries, with nothing sent meanwhile (torch refuses to send more than its depth)."""
+    make = _shuffled(n=64, batch_size=2, persistent_workers=persistent)   # 32 batches, 2 workers x 2
+    deep, shallow = (LoaderSettings(num_workers=2, prefetch_factor=f, persistent_workers=persistent) for f in (5, 1))
+    torch.manual_seed(SEED)
+    listener = Pools()
+    loader = listener.loader = SwitchingLoader(make(), listener=listener)
+    depths = []
+    try:
+        epochs, draws, it = [], [], iter(loader)
+        first_pool = loader.worker_pids()
+        for epoch in range(EPOCHS):
+            batches, k = [], 0
+            if epoch:
+                it = iter(loader)
+            for k in range(10 ** 6):
+                if (epoch, k) == (0, at):
+                    loader.request(deep)
+                if (epoch, k) == (0, at + 8):
+                    loader.request(shallow)
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                live = loader._live.current
+                if epoch == 0:
+                    depths.append((loader.settings.prefetch_factor, len(live._task_info)))  # sent, not delivered
+                batches.append(_items(batch))
+            epochs.append(batches)
+            draws.append(torch.randint(0, 2 ** 31, (1,)).item())
+    finally:
+        loader.close()
+    assert (epochs, draws) == _plain(make, epochs=EPOCHS)
+    assert listener.where == ["mid-epoch, in place"] * 2
+    assert listener.pids[0] == listener.pids[1] == first_pool and len(first_pool) == 2  # no pool started
+    deep = [n for f, n in depths if f == 5]
+    assert deep[0] == 10  # raised at once: 2 workers x 5
+    # lowered: one fewer in flight per delivery, none sent, down to 2 workers x 1, then 2 while the order lasts
+    shallow = [n for f, n in depths[len(deep):] if f == 1]
+    assert shallow[0] == deep[-1] - 1 and shallow == sorted(shallow, reverse=True)
+    assert 2 in shallow and max(shallow[shallow.index(2):]) == 2
+
+
+def test_a_prefetch_only_switch_at_an_epoch_start_keeps_the_persistent_pool():
+    """Requested between epochs: the persistent pool is kept (same workers) and its next reset sends
+    the new depth; the batches are the plain run's."""
+    make = _shuffled(n=40, batch_size=2, persistent_workers=True)
+    torch.manual_seed(SEED)
+    listener = Pools()
+    loader = listener.loader = SwitchingLoader(make(), listener=listener)
+    try:
+        it = iter(loader)
+        pool = loader.worker_pids()
+        first = list(map(_items, it))
+        draw0 = torch.randint(0, 2 ** 31, (1,)).item()
+        loader.request(LoaderSettings(num_workers=2, prefetch_factor=4, persistent_workers=True))
+        it = iter(loader)
+        assert loader._live.current._tasks_outstanding == 8  # primed at 2 workers x 4
+        second = list(map(_items, it))
+        draw1 = torch.randint(0, 2 ** 31, (1,)).item()
+    finally:
+        loader.close()
+    assert ([first, second], [draw0, draw1]) == _plain(make, epochs=2)
+    assert listener.where == ["epoch start"] and listener.pids[0] == pool
+
+
+def test_no_torch_warning_for_a_worker_count_the_search_chose():
+    """torch warns when ``num_workers`` exceeds the cores; for a count the search chose (and measured)
+    that warning is noise in the user's log, twice per switch. The user's own loader still warns."""
+    import warnings
+    many = (os.cpu_count() or 1) + 2
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        DataLoader(Indexed(8), num_workers=many)
+        assert any("This DataLoader will create" in str(w.message) for w in said)  # torch's own check
+        said.clear()
+        loader = SwitchingLoader(_shuffled(n=40)())
+        try:
+            it = iter(loader)
+            next(it)
+            loader.request(LoaderSettings(num_workers=many, persistent_workers=True))
+            list(it)
+            list(iter(loader))
+        finally:
+            loader.close()
+    assert loader.settings.num_workers == many
+    assert not [w for w in said if "This DataLoader will create" in str(w.message)]

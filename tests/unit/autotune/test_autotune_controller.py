@@ -13,6 +13,7 @@ from gpufeed import thresholds as th
 from gpufeed.autotune import distributed_refusal
 from gpufeed.autotune.controller import MEASURED, RECOVER, REFUSED, Controller, Period
 from gpufeed.autotune.hook import describe
+from gpufeed.autotune import memory
 from gpufeed.autotune.memory import HostMemory, batch_bytes
 from gpufeed.autotune.model import live_what_if
 from gpufeed.autotune.switching import normalized
@@ -177,6 +178,16 @@ def test_memory_guard_budget():
     assert guard.refusal(None) is None and guard.refusal(4 * GiB) is None
     assert "50%" in guard.refusal(6 * GiB)  # more than half of what is available: tf.data's RAM budget
     assert HostMemory(lambda: (None, None)).refusal(100 * GiB) is None  # nothing to go by
+
+
+def test_a_new_workers_memory_is_read_from_a_few_workers_and_a_deeper_prefetch_reads_none(monkeypatch):
+    read = []
+    monkeypatch.setattr(memory, "private_b", lambda pid: read.append(pid) or 100)
+    pool = list(range(1000, 1024))
+    assert memory.extra_memory_b(pool, 8, 0, None) == 8 * 100
+    assert read == pool[:th.AUTOTUNE_MEMORY_SAMPLE_WORKERS]
+    read.clear()
+    assert memory.extra_memory_b(pool, 0, 48, 10) == 480 and read == []
 
 
 def test_a_crash_backs_off_and_no_pool_as_large_is_tried_again():
