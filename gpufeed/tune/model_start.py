@@ -111,8 +111,10 @@ class ModelStart:
         workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, s._useful_workers())
         if not pick or workers < 2 * pick or waits_for_data(picked) is False:
             return None
-        beyond = s._measured(s._with_workers(picked, workers),
-                             f"{workers} workers: the loop still waited at the model's {pick}")
+        settings = s._with_workers(picked, workers)
+        if not settings.persistent_workers and persistent_faster(self.answer, workers):
+            settings = dataclasses.replace(settings, persistent_workers=True)
+        beyond = s._measured(settings, f"{workers} workers: the loop still waited at the model's {pick}")
         # Past the tie band, not the noise: the winner is chosen on that band, and a rise this small
         # this far out is the slow rise the next ladder steps would show.
         rises = s._beats(beyond, picked) or (beyond.ok and beyond.samples_per_s > picked.samples_per_s * (
@@ -150,6 +152,18 @@ def start_workers(model, useful: int) -> int:
         if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
             return workers
     return best.num_workers
+
+
+def persistent_faster(model, workers: int) -> bool:
+    """Whether the model predicts ``workers`` persistent workers faster than as many started again each
+    epoch, past its tie band. The pick's persistence was chosen at its own worker count, where each
+    epoch's forks may tie; the check past it has eight times the workers, and eight times the forks each
+    epoch (a live storage-bench search measured 32 and 24 workers started every epoch, from a pick of 5
+    that tied, before the persistent-workers fix, 2026-12-06)."""
+    c = getattr(model, "costs", None)
+    if c is None or not workers:
+        return False
+    return samples_per_s(c, workers, True)[0] > samples_per_s(c, workers, False)[0] * (1 + th.WHATIF_TIE_SHARE)
 
 
 def rises_to_the_cap(model, picked: Trial, useful: int, noise: float) -> bool:

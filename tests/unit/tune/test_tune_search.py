@@ -807,6 +807,31 @@ def test_a_compute_bound_pick_that_still_waits_is_checked_beyond_before_the_ladd
     assert 24 in workers, workers  # the point next to the peak
 
 
+def test_the_check_past_a_pick_starts_its_workers_once_where_the_model_says_their_forks_cost():
+    """A pick of 4 workers started every epoch (their forks tie with persistent ones there); the check
+    past it has 32, whose forks each epoch the same model prices past its tie band: it measures them
+    persistent. Where the model has no costs, the pick's persistence is kept."""
+    from gpufeed.analysis.whatif import Costs, samples_per_s
+    # The storage bench's shape: a batch asleep 32 ms, a starved 6 ms step, 8 ms to fork a worker
+    costs = Costs(cpu_s=0.001, sleep_s=0.032, handoff_s=0.0005, compute_s=0.006, receive_s=0.0, main_cpu_s=0.006,
+                  startup_s=0.1, spawn_s=0.008, stop_s=0.0005, batches_per_epoch=400.0, samples_per_batch=8.0,
+                  cores=2.0, other_cores=0.0, workers=1, persistent=False, cuda=False, step_threads=1)
+    assert samples_per_s(costs, 32, True)[0] > samples_per_s(costs, 32, False)[0] * (1 + th.WHATIF_TIE_SHARE)
+
+    def diagnosis(s):
+        d = with_model(4, persistent=False, speedup=1.3, noise=0.03, limit="compute", cpu_ratio=0.05)
+        d.what_if.costs = costs
+        return d
+
+    workload = Workload(storage_bound, noise=0.0, diagnosis=diagnosis)
+    run_search(workload, start(1), max_workers=32)
+    assert [(s.num_workers, bool(s.persistent_workers)) for s in workload.runs[1:3]] == [(4, False), (32, True)], workload.runs
+    bare = Workload(storage_bound, noise=0.0, diagnosis=lambda s: with_model(4, speedup=1.3, noise=0.03, limit="compute",
+                                                                           cpu_ratio=0.05))
+    run_search(bare, start(1), max_workers=32)
+    assert [(s.num_workers, bool(s.persistent_workers)) for s in bare.runs[1:3]] == [(4, False), (32, False)], bare.runs
+
+
 def test_a_live_search_stops_once_the_model_s_pick_and_one_more_gained_nothing():
     """The CPU-bound bench under --autotune (2026-12-06): your 0 workers at 491 samples/s, the model's
     pick (2 workers) -4%, then 1 worker -34%. Live, each such trial is a period of the run: the search
