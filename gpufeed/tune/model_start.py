@@ -17,6 +17,7 @@ from gpufeed import thresholds as th
 from gpufeed.analysis.rules.facts import input_bound
 from gpufeed.analysis.whatif import LIMIT_CORES, LIMIT_LOOP, samples_per_s
 from gpufeed.settings import LoaderSettings
+from gpufeed.tune.causes import causes_shown
 from gpufeed.tune.result import Trial
 
 
@@ -26,6 +27,7 @@ class Seeded(Protocol):
     trials: dict[LoaderSettings, Trial]
     baseline_settings: LoaderSettings   # trials[baseline_settings]: your run, whose diagnosis the model read
     noise: float
+    startup_noise: float                # the spread with start-up taken out: what a start-up must exceed
     best: Trial | None                  # set where a trial of the model's start is faster
 
     def normalise(self, settings: LoaderSettings) -> LoaderSettings: ...
@@ -57,9 +59,14 @@ class ModelStart:
             return None
         best = model.best
         workers = min(start_workers(model, s._useful_workers()), s._useful_workers())
-        # A fix measured faster so far (persistent workers, a thread cap) stays.
+        # A fix measured faster so far (persistent workers, a thread cap) stays; persistent workers also
+        # where your run shows their start-up above the noise (the search's own fix, one period sooner):
+        # the model may tie them there and take the cheaper, but the fix comes next anyway, and a short
+        # run ends first (the image-folder script: 2 workers started every epoch, its last setting in 3 of
+        # 10 bench runs, 2026-12-06).
+        restarts = any(c.change.get("persistent_workers") for c in causes_shown(start, s.startup_noise))
         settings = dataclasses.replace(s._with_workers(start, workers), persistent_workers=(
-            best.persistent_workers or bool(start.settings.persistent_workers and start.settings.num_workers)))
+            best.persistent_workers or restarts or bool(start.settings.persistent_workers and start.settings.num_workers)))
         if s.normalise(settings) == start.settings:
             return None
         trial = s._fix_causes(s._measured(

@@ -832,6 +832,23 @@ def test_the_check_past_a_pick_starts_its_workers_once_where_the_model_says_thei
     assert [(s.num_workers, bool(s.persistent_workers)) for s in bare.runs[1:3]] == [(4, False), (32, False)], bare.runs
 
 
+def test_the_model_s_pick_has_persistent_workers_where_your_run_shows_their_start_up():
+    """The image-folder script under --autotune (2026-12-06): the model tied 2 workers started every
+    epoch with persistent ones and took the cheaper; the search's persistent-workers fix came a period
+    later, after the short run had ended, in 3 of 10 runs. Your run's start-up above the noise puts the
+    fix in the pick. Below the noise, the model's choice stands."""
+    def workload(startup):
+        return Workload(lambda s: 300.0 * (1.25 if s.persistent_workers else 1.0) * min(s.num_workers or 1, 2),
+                        noise=0.0, diagnosis=lambda s: with_model(2, persistent=False, speedup=2.0, noise=0.02,
+                                                                   startup=0.0 if s.persistent_workers else startup))
+    shown = workload(startup=0.2)
+    run_search(shown, start(1), max_workers=4, confirm_pairs=0)
+    assert (shown.runs[1].num_workers, bool(shown.runs[1].persistent_workers)) == (2, True), shown.runs
+    hidden = workload(startup=0.01)
+    run_search(hidden, start(1), max_workers=4, confirm_pairs=0)
+    assert (hidden.runs[1].num_workers, bool(hidden.runs[1].persistent_workers)) == (2, False), hidden.runs
+
+
 def test_a_live_search_stops_once_the_model_s_pick_and_one_more_gained_nothing():
     """The CPU-bound bench under --autotune (2026-12-06): your 0 workers at 491 samples/s, the model's
     pick (2 workers) -4%, then 1 worker -34%. Live, each such trial is a period of the run: the search
