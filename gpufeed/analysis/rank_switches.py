@@ -47,7 +47,7 @@ class RankSwitch:
     batch: int | None        # the batches the rank had received when it switched (None: an older record)
     old: str | None          # the settings it switched from, as ``LoaderSettings.label``
     new: str
-    where: str | None        # "mid-epoch", "epoch start", "after a worker crash"
+    where: str | None        # "mid-epoch", "mid-epoch, in place", "epoch start", "after a worker crash"
     coordinated: bool        # decided by rank 0 for every rank (False: after this rank went back on its own)
 
     @property
