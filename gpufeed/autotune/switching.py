@@ -18,11 +18,11 @@ So the sequence of batches is the user's sampler's, whatever the switches: same 
 same order as a plain run. A switch that changes only ``prefetch_factor`` starts no pool: the running
 one is told how many batches to keep in flight (``_set_prefetch``), which changes what is in flight,
 never which batch comes next. (Forking a pool costs the loop 13-21 ms a worker on the bench's storage
-job; a deeper-prefetch trial and the way back from it forked two pools as large only for that.) A map-style dataset's indices are all in the main process; an
-``IterableDataset``'s items are made inside its workers, which split them by ``get_worker_info()``:
-its order cannot be handed over mid-epoch without the dataset's cooperation, so it switches only at
-epoch boundaries, and never changes ``num_workers`` (the worker count decides which items it yields
-and in which order).
+job; a deeper-prefetch trial and the way back from it forked two pools as large only for that.)
+A map-style dataset's indices are all in the main process; an ``IterableDataset``'s items are made
+inside its workers, which split them by ``get_worker_info()``: its order cannot be handed over
+mid-epoch without the dataset's cooperation, so it switches only at epoch boundaries, and never
+changes ``num_workers`` (the worker count decides which items it yields and in which order).
 
 The main process's random number stream is kept as a plain run leaves it: the epoch's base seed is
 drawn from the user's generator (or torch's global one) exactly when and as ``DataLoader.__iter__``

@@ -65,8 +65,9 @@ class ModelStart:
         # run ends first (the image-folder script: 2 workers started every epoch, its last setting in 3 of
         # 10 bench runs, 2026-12-06).
         restarts = any(c.change.get("persistent_workers") for c in causes_shown(start, s.startup_noise))
-        settings = dataclasses.replace(s._with_workers(start, workers), persistent_workers=(
-            best.persistent_workers or restarts or bool(start.settings.persistent_workers and start.settings.num_workers)))
+        kept = bool(start.settings.persistent_workers and start.settings.num_workers)
+        settings = dataclasses.replace(s._with_workers(start, workers),
+                                       persistent_workers=best.persistent_workers or restarts or kept)
         if s.normalise(settings) == start.settings:
             return None
         trial = s._fix_causes(s._measured(
