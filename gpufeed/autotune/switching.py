@@ -309,7 +309,7 @@ class SwitchingLoader:
             # it has in flight; at an epoch's start, idle, its next reset primes the new depth)
             kept.prefetch_factor = settings.prefetch_factor
             iterator = getattr(kept, "_iterator", None)
-            if iterator is not None and hasattr(iterator, "_prefetch_factor"):
+            if where == EPOCH_START and iterator is not None and hasattr(iterator, "_prefetch_factor"):
                 iterator._prefetch_factor = settings.prefetch_factor
             self._persistent[settings] = kept
         elif kept is not None and where == EPOCH_START:
@@ -380,7 +380,7 @@ class _Epoch:
         owner = self.owner
         if self.order.exhausted():
             return  # nothing left to hand over: the switch happens at the next epoch's start
-        if _only_prefetch_differs(owner.settings, owner.pending) and _set_prefetch(self.current, None):
+        if _only_prefetch_differs(owner.settings, owner.pending) and _prefetch_settable(self.current):
             owner._switch_to(owner.pending, IN_PLACE)
             _set_prefetch(self.current, owner.settings.prefetch_factor)
             return
@@ -428,30 +428,29 @@ def _only_prefetch_differs(old: LoaderSettings, new: LoaderSettings | None) -> b
             and replace(old, prefetch_factor=new.prefetch_factor) == new)
 
 
-def _set_prefetch(iterator: Any, factor: int | None) -> bool:
-    """Tell a running pool (torch's multi-process iterator) to keep ``factor`` batches per worker in
-    flight from now on; ``factor`` None only asks whether it can. Deeper: the missing indices are sent
-    at once; shallower: none is sent until fewer than the new depth are in flight (torch sends one per
-    delivered batch and refuses more than its depth, so waiting is what keeps its count right).
-    Either way the indices go out in the feed's order: which batch comes next does not change.
-    False where ``iterator`` is not a live one of a torch that works this way (private attributes,
-    stable since torch 1.7): the switch then starts a pool as any other."""
+def _prefetch_settable(iterator: Any) -> bool:
+    """Whether ``iterator`` is a live multi-process iterator of a torch whose depth ``_set_prefetch`` can
+    change (private attributes, stable since torch 1.7); where not, the switch starts a pool as any other."""
     names = ("_prefetch_factor", "_num_workers", "_task_info", "_try_put_index", "_shutdown")
-    if iterator is None or not all(hasattr(iterator, name) for name in names) or iterator._shutdown:
-        return False
-    if factor is None:
-        return True
+    return iterator is not None and all(hasattr(iterator, name) for name in names) and not iterator._shutdown
+
+
+def _set_prefetch(iterator: Any, factor: int) -> None:
+    """Tell a running pool (``_prefetch_settable``) to keep ``factor`` batches per worker in flight from
+    now on. Deeper: the missing indices are sent at once; shallower: none is sent until fewer than the
+    new depth are in flight (torch sends one per delivered batch and refuses more than its depth, so
+    waiting is what keeps its count right). Either way the indices go out in the feed's order: which
+    batch comes next does not change."""
     iterator._prefetch_factor = factor
     if _in_flight(iterator) > factor * iterator._num_workers:
         if "_try_put_index" not in vars(iterator):
             iterator._try_put_index = _PutBelowDepth(iterator)
-        return True
+        return
     while _in_flight(iterator) < factor * iterator._num_workers:
         sent = _in_flight(iterator)
         iterator._try_put_index()
         if _in_flight(iterator) == sent:  # the epoch's order is exhausted
             break
-    return True
 
 
 def _in_flight(iterator: Any) -> int:
@@ -521,28 +520,22 @@ def _build_child(loader: Any, settings: LoaderSettings, iterable: bool) -> Any:
     else:
         feed = _Feed()
         kwargs.update(batch_size=None, sampler=feed)
+    # No torch warning that num_workers exceeds the cores for a count the search chose (it measured that
+    # count against the cores; the user did not ask for it and cannot act on it): torch checks in
+    # __init__, and again at every start of the child's pools.
+    chosen = settings.num_workers != loader.num_workers
     with warnings.catch_warnings():
-        if settings.num_workers != loader.num_workers:
-            _quiet_worker_count(None)
+        if chosen:
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
         child = dataloader_hook.build_plain(DataLoader, loader.dataset, **kwargs)
-    if settings.num_workers != loader.num_workers:
-        _quiet_worker_count(child)
+    if chosen:
+        child.check_worker_number_rationality = lambda: None
     user = tag_of(loader)
     if user is not None:  # filed under the user's loader: where it was built, its id
         child_tag = tag(child)
         child_tag.site, child_tag.built, child_tag.loader_id = user.site, user.built, user.loader_id
     tag(child).held["feed"] = feed
     return child
-
-
-def _quiet_worker_count(child: Any) -> None:
-    """No torch warning that ``num_workers`` exceeds the cores, for a worker count the search chose
-    (it measured that count against the cores; the user did not ask for it and cannot act on it):
-    ``child`` None, while building one (torch checks in ``__init__``); else on every start of its pools."""
-    if child is None:
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-    else:
-        child.check_worker_number_rationality = lambda: None
 
 
 def _shut_down(iterator: Any) -> None:
