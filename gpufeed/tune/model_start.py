@@ -58,7 +58,8 @@ class ModelStart:
         if model is None or model.cannot_predict or model.best is None:
             return None
         best = model.best
-        workers = min(start_workers(model, s._useful_workers()), s._useful_workers())
+        workers = min(start_workers(model, s._useful_workers(), cold_step=bool(waits_for_data(start))),
+                      s._useful_workers())
         # A fix measured faster so far (persistent workers, a thread cap) stays; persistent workers also
         # where your run shows their start-up above the noise (the search's own fix, one period sooner):
         # the model may tie them there and take the cheaper, but the fix comes next anyway, and a short
@@ -141,23 +142,37 @@ class ModelStart:
         return no_gain_predicted(model, current, s.best, workers, s.noise)
 
 
-def start_workers(model, useful: int) -> int:
-    """The workers to measure first: the model's best, or, where the model's curve is flat because
-    the cores bind a CPU-only step that runs on several threads, the most workers it predicts as
-    fast (up to ``TUNE_MODEL_CHECK_FACTOR`` times its best's; ``useful``: the ladder's top).
+def start_workers(model, useful: int, cold_step: bool = False) -> int:
+    """The workers to measure first: the model's best, or, where the model's curve is flat past it for
+    a reason that measures wrong on the CPU, the most workers it predicts as fast (up to
+    ``TUNE_MODEL_CHECK_FACTOR`` times its best's; ``useful``: the ladder's top). Its best is then the
+    fewest workers among ties, and measured, that end of the stretch is the slow one:
 
-    Its best is then the fewest workers among ties, and measured, that end of the stretch is the
-    slow one: the step's idle threads spin while the loop waits, and beside more workers they get
-    less of the cores than the model's fair share gives them (far-too-many-workers bench,
-    2026-12-02, predictions flat at 787 samples/s from 2 to 32 persistent workers: 592, 663, 708,
-    805 and 826 measured at 2, 4, 8, 12 and 16; CPU-bound bench: 765, 814, 885 at 8, 12, 16)."""
+    - the cores bind a CPU-only step that runs on several threads: its idle threads spin while the
+      loop waits, and beside more workers they get less of the cores than the model's fair share
+      gives them (far-too-many-workers bench, 2026-12-02, predictions flat at 787 samples/s from 2 to
+      32 persistent workers: 592, 663, 708, 805 and 826 measured at 2, 4, 8, 12 and 16; CPU-bound
+      bench: 765, 814, 885 at 8, 12, 16);
+    - the step binds (``compute``) past the best, read from a run whose loop waited for data
+      (``cold_step``) on the CPU: a starved loop's step runs cold (torch's intra-op threads park
+      while it waits, and waking them made a fifth of the storage bench's steps take 20-35 ms: 5.5-6.0
+      ms a step on average at 1 worker, 0.75 ms at 24, timed without gpufeed, 2026-12-06), so its
+      ceiling is too low, and the pick at it measured the contradiction a period later (``ModelStart.ceiling_contradicted``: 7
+      workers at 1,614 samples/s with the loop still waiting 82% of the period, then 32 and 24 at
+      2,520-2,620). With CUDA the step is the GPU's, timed by events, and does not run cold."""
     best, c = model.best, getattr(model, "costs", None)
-    if not best.num_workers or c is None or c.cuda or c.step_threads <= 1 or best.num_workers >= useful:
+    if not best.num_workers or c is None or c.cuda or best.num_workers >= useful:
+        return best.num_workers
+    if c.step_threads > 1:
+        flat = LIMIT_CORES
+    elif cold_step:
+        flat = LIMIT_LOOP
+    else:
         return best.num_workers
     top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, useful)
     for workers in range(top, best.num_workers, -1):
         rate, limit = samples_per_s(c, workers, best.persistent_workers)
-        if limit == LIMIT_CORES and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
+        if limit == flat and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
             return workers
     return best.num_workers
 

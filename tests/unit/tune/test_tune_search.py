@@ -807,6 +807,32 @@ def test_a_compute_bound_pick_that_still_waits_is_checked_beyond_before_the_ladd
     assert 24 in workers, workers  # the point next to the peak
 
 
+def test_a_compute_bound_best_read_from_a_starved_cpu_step_starts_at_the_top_of_the_model_s_tie():
+    """The storage bench under --autotune (2026-12-06): the model read a starved loop's cold CPU step
+    (6.4 ms a batch, 0.75 ms fed) as the ceiling and called 6 workers and more alike; its pick, the
+    fewest, measured 1,614 samples/s with the loop still waiting, a period before 32 workers measured
+    2,520. From a run that waited for data, the first run after yours is the most workers the model ties
+    with its best (at most 8 times its best's and the cap). Not where the step is the GPU's (timed by CUDA
+    events, it does not run cold), nor where your loop did not wait for data."""
+    from gpufeed.analysis.whatif import Costs, best_of
+    cold = dict(cpu_s=0.002, sleep_s=0.032, handoff_s=0.0, compute_s=0.0064, receive_s=0.0, main_cpu_s=0.0064,
+                startup_s=0.0, spawn_s=0.016, stop_s=0.0, batches_per_epoch=400.0, samples_per_batch=8.0,
+                cores=2.0, other_cores=0.0, workers=1, persistent=False, cuda=False, step_threads=1)
+    costs = Costs(**cold)
+    best = best_of(costs, max_workers=32)
+    assert best.limit == "compute" and best.num_workers < 8, best
+
+    def first_after_yours(costs, data_wait):
+        workload = Workload(storage_bound, noise=0.0,
+                            diagnosis=modelled_by(costs, max_workers=32, data_wait=data_wait, cpu_ratio=0.05))
+        run_search(workload, start(1), max_workers=32, confirm_pairs=0)
+        return workload.runs[1].num_workers
+
+    assert first_after_yours(costs, data_wait=0.8) == 32
+    assert first_after_yours(Costs(**{**cold, "cuda": True}), data_wait=0.8) == best.num_workers
+    assert first_after_yours(costs, data_wait=0.0) == best.num_workers
+
+
 def test_the_check_past_a_pick_starts_its_workers_once_where_the_model_says_their_forks_cost():
     """A pick of 4 workers started every epoch (their forks tie with persistent ones there); the check
     past it has 32, whose forks each epoch the same model prices past its tie band: it measures them
