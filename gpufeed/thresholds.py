@@ -412,6 +412,12 @@ MIN_STEPS_FOR_FINDINGS = 10
 # A decision period lasts at least as long as a tune trial measures (TUNE_TRIAL_SECONDS) and at
 # least this many batches: a trial's throughput on fewer batches is one or two batches' accident.
 AUTOTUNE_PERIOD_MIN_BATCHES = 10
+# Your settings' two half periods (the search's first runs) end at AUTOTUNE_PERIOD_MIN_BATCHES where the
+# loop waited for data at least this share of them: time at your settings is paid at their speed, the
+# costliest of the run when they starve it (the storage bench: a tenth of the winner's, for 1.5 s of a
+# 10 s run), and the search's first decision is not close there (a wait of half the time removed doubles
+# the rate). The noise their spread gives is of shorter windows, so no smaller.
+AUTOTUNE_STARVED_SHARE = 0.5
 # The live search stops (and keeps your settings) once the what-if model's pick and other trials, this
 # many in all, measured no faster than your settings beyond the noise: the model was wrong about this
 # job, and each further period below your settings (and the one back at the best after it) is paid by

@@ -7,7 +7,8 @@ those settings instead of a separate short run of the command. The controller ad
 tuner needs on top, and nothing the search already decides:
 
 - the search's two runs of the user's settings (their spread is its first noise estimate) are the
-  two halves of one period: one period, not two, at the settings it is there to improve;
+  two halves of one period: one period, not two, at the settings it is there to improve, and each
+  half only ``AUTOTUNE_PERIOD_MIN_BATCHES`` where they starve the loop (``AUTOTUNE_STARVED_SHARE``);
 - each period's facts carry the what-if model's best setting, predicted from the period itself
   (``model.py``): the search measures it first and climbs from there when it is faster, as ``tune``
   does from the run of the user's configuration;
@@ -104,9 +105,11 @@ class Controller:
     def take_ask(self, timeout_s: float) -> tuple[LoaderSettings, str, float] | None:
         """The search's next request (settings, why, period), waiting up to ``timeout_s`` for it."""
         try:
-            return self._asks.get(timeout=timeout_s)
+            settings, why, period_s, _short = self._asks.get(timeout=timeout_s)
         except queue.Empty:
             return None
+        # The ranks agree on a period's end by batch count (``ranks.py``): no early end for a starved one.
+        return settings, why, period_s
 
     def answer(self, period: "Period | str") -> None:
         """The period the search asked for (or why it could not be measured)."""
@@ -141,12 +144,12 @@ class Controller:
         window = self._window
         if window is None:
             try:
-                settings, why, period_s = self._asks.get_nowait()
+                settings, why, period_s, short_if_starved = self._asks.get_nowait()
             except queue.Empty:
                 return None
             switching = settings != self.loader.settings
             window = self._window = Window(settings, why, skip=window_skip(settings, switching, self._batches_seen - 1),
-                                            period_s=period_s)
+                                            period_s=period_s, short_if_starved=short_if_starved)
             if switching:
                 return settings  # measured from the new pool's batches on
         if source != window.settings:
@@ -182,8 +185,10 @@ class Controller:
         it; search again from it when it falls clearly below what it measured (the best setting moved)."""
         user = self.loader.user
         # Your settings for one period, measured as two halves: the search's two runs of them (their
-        # spread is its first noise estimate) at the cost of one period at the settings to improve.
-        halves = [self._measure(user, f"your settings ({which} half of a period)", period_s=self.period_s / 2)
+        # spread is its first noise estimate) at the cost of one period at the settings to improve; less
+        # where they starve the loop (``AUTOTUNE_STARVED_SHARE``).
+        halves = [self._measure(user, f"your settings ({which} half of a period)", period_s=self.period_s / 2,
+                                short_if_starved=True)
                   for which in ("first", "second")]
         if any(isinstance(half, str) for half in halves):
             return
@@ -301,10 +306,10 @@ class Controller:
         return self.memory.refusal(extra)
 
     def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED,
-                 log: bool = True, period_s: float | None = None) -> "Period | str":
-        """Ask the training loop for a period with ``settings`` (of ``period_s``, default the period);
-        wait for it (this thread only)."""
-        self._asks.put((settings, why, period_s or self.period_s))
+                 log: bool = True, period_s: float | None = None, short_if_starved: bool = False) -> "Period | str":
+        """Ask the training loop for a period with ``settings`` (of ``period_s``, default the period;
+        ``short_if_starved``: ``Window.short_if_starved``); wait for it (this thread only)."""
+        self._asks.put((settings, why, period_s or self.period_s, short_if_starved))
         answer = self._answers.get()
         if log and isinstance(answer, Period):
             self.event(action, why=why, period=answer.to_dict())

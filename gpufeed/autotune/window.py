@@ -20,6 +20,9 @@ class Window:
     why: str
     skip: int                       # batches the pool may have made ahead (prefetched) before it counts
     period_s: float                 # how long it lasts (at least)
+    # ends at the minimum batches where the loop waited for data AUTOTUNE_STARVED_SHARE of it (your
+    # settings' halves: their time is paid at their speed)
+    short_if_starved: bool = False
     seen: int = 0
     t0: float | None = None
     t_last: float | None = None
@@ -56,8 +59,11 @@ class Window:
         self.t_last = t_deliver
 
     def done(self, min_batches: int) -> bool:
-        return (self.t_last is not None and self.batches >= min_batches
-                and self.t_last - self.t0 >= self.period_s)
+        if self.t_last is None or self.batches < min_batches:
+            return False
+        elapsed = self.t_last - self.t0
+        return elapsed >= self.period_s or (self.short_if_starved
+                                            and self.wait_s >= th.AUTOTUNE_STARVED_SHARE * elapsed)
 
     def add_iter(self, seconds: float) -> None:
         """An epoch's pool started inside the window (``iter()``): its time is the input pipeline's."""

@@ -97,6 +97,27 @@ def test_your_settings_cost_one_period_before_the_search_leaves_them():
     assert controller.user_rate == pytest.approx((first["samples_per_s"] + second["samples_per_s"]) / 2, rel=1e-4)
 
 
+def test_your_settings_that_starve_the_loop_are_measured_for_the_fewest_batches():
+    """Time at your settings is paid at their speed: where the loop waited for data at least
+    AUTOTUNE_STARVED_SHARE of a half, the half ends at the minimum batches (the storage bench: a tenth of
+    the winner's speed, 1.5 s of a 10 s run). Where it waited less, each half lasts half a period."""
+    def halves(cost):
+        controller, loader = simulate(LoaderSettings(num_workers=1), period_s=2.0, cost=cost)
+        return [e["period"] for e in periods(controller)[:2]]
+
+    starved = halves(lambda settings, controller: batch_time(settings))  # 43 ms a batch, 33 ms of it waiting
+    assert all(h["wait_share"] >= th.AUTOTUNE_STARVED_SHARE for h in starved), starved
+    assert [h["batches"] for h in starved] == [10, 10], starved
+
+    def fed_at_yours(settings, controller):  # 43 ms a batch at yours, 13 ms of it waiting
+        step, wait = batch_time(settings)
+        return (step, 0.013) if settings == controller.loader.user else (step, wait)
+
+    fed = halves(fed_at_yours)
+    assert all(h["wait_share"] < th.AUTOTUNE_STARVED_SHARE for h in fed), fed
+    assert all(h["elapsed_s"] >= 1.0 and h["batches"] > 10 for h in fed), fed
+
+
 def test_your_own_settings_measured_below_their_mean_are_not_recovered_from():
     """The two halves of your settings' period straddle their own mean: the slower half is their
     noise, and a period "back to" the same settings would be one more at the settings to improve."""
