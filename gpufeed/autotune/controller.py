@@ -43,7 +43,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
@@ -51,7 +51,9 @@ from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
 from gpufeed.autotune.window import Window, window_skip
 from gpufeed.settings import REORDER_NOTE, random_stream_note
-from gpufeed.tune.result import FAILED, OK, TrialRun
+
+if TYPE_CHECKING:  # imported by the search's thread (``_import_the_search``), not the training loop's
+    from gpufeed.tune.result import TrialRun
 
 # The event's ``action``s (docs/run-record.md).
 START, MEASURED, SWITCH, HOLD, REFUSED, RECOVER, CRASH, SETTLED, DRIFT, ERROR, DECLINED = (
@@ -187,9 +189,13 @@ class Controller:
         # Your settings for one period, measured as two halves: the search's two runs of them (their
         # spread is its first noise estimate) at the cost of one period at the settings to improve; less
         # where they starve the loop (``AUTOTUNE_STARVED_SHARE``).
-        halves = [self._measure(user, f"your settings ({which} half of a period)", period_s=self.period_s / 2,
-                                short_if_starved=True)
-                  for which in ("first", "second")]
+        halves = []
+        for which in ("first", "second"):
+            why = f"your settings ({which} half of a period)"
+            self._ask(user, why, period_s=self.period_s / 2, short_if_starved=True)
+            if not halves:
+                _import_the_search()
+            halves.append(self._answer(why))
         if any(isinstance(half, str) for half in halves):
             return
         self.user_rate = sum(half.samples_per_s for half in halves) / len(halves)
@@ -266,8 +272,9 @@ class Controller:
                 return period
             seen.append(period.samples_per_s)
 
-    def _trial(self, settings: LoaderSettings, why: str) -> TrialRun:
+    def _trial(self, settings: LoaderSettings, why: str) -> "TrialRun":
         """One trial of the search: a live period with ``settings`` (or a refusal)."""
+        from gpufeed.tune.result import FAILED, OK, TrialRun
         wanted, settings = settings, self.loader.effective(settings)
         refusal = self._refusal(settings)
         if normalized(wanted, self.loader.user) != settings:
@@ -309,7 +316,14 @@ class Controller:
                  log: bool = True, period_s: float | None = None, short_if_starved: bool = False) -> "Period | str":
         """Ask the training loop for a period with ``settings`` (of ``period_s``, default the period;
         ``short_if_starved``: ``Window.short_if_starved``); wait for it (this thread only)."""
+        self._ask(settings, why, period_s, short_if_starved)
+        return self._answer(why, action, log)
+
+    def _ask(self, settings: LoaderSettings, why: str, period_s: float | None = None,
+             short_if_starved: bool = False) -> None:
         self._asks.put((settings, why, period_s or self.period_s, short_if_starved))
+
+    def _answer(self, why: str, action: str = MEASURED, log: bool = True) -> "Period | str":
         answer = self._answers.get()
         if log and isinstance(answer, Period):
             self.event(action, why=why, period=answer.to_dict())
@@ -324,6 +338,16 @@ class Controller:
                 self._log("autotune", **line)
             except Exception:
                 pass
+
+
+def _import_the_search() -> None:
+    """The search and the what-if model, imported by the search's thread while the loop measures your
+    settings' first half: imported where the loop builds its iterator, they held its first batch back
+    by 0.24 s (``python -X importtime``, after torch, this machine), at your settings' speed."""
+    import gpufeed.autotune.model  # noqa: F401
+    import gpufeed.analysis.whatif  # noqa: F401
+    import gpufeed.tune.result  # noqa: F401
+    import gpufeed.tune.search  # noqa: F401
 
 
 def _batches_per_epoch(loader: Any) -> float | None:

@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpufeed import thresholds as th
-from gpufeed.analysis.whatif import Costs, Spread, WhatIf, best_of, predict
 from gpufeed.settings import LoaderSettings
+
+if TYPE_CHECKING:  # the model itself is imported by the search's thread (``controller.py``), not the loop's
+    from gpufeed.analysis.whatif import Costs, WhatIf
 
 
 @dataclass
@@ -192,6 +194,7 @@ def live_costs(period: Period, cpu_count: int, batches_per_epoch: float | None, 
     """The model's inputs from one period; None when it lacks a reading (the pool's CPU, the
     training process's CPU) or a batch. ``batches_per_epoch``: the loader's length (None: it has none,
     and the period's batches stand in, a lower bound that caps no workers)."""
+    from gpufeed.analysis.whatif import Costs
     if period.batches < 1 or period.elapsed_s <= 0 or period.main_cores is None or period.cores_used is None:
         return None
     workers = period.settings.num_workers or 0
@@ -240,6 +243,7 @@ def live_what_if(period: Period, cpu_count: int, batches_per_epoch: float | None
                  max_workers: int | None = None, ranks: int = 1) -> WhatIf:
     """The model's best setting for the search (``tune/search.py`` reads ``best``), or why not.
     ``ranks``: training processes on this node at the same settings, sharing its ``cpu_count`` cores."""
+    from gpufeed.analysis.whatif import Spread, WhatIf, best_of, predict
     costs = live_costs(period, cpu_count, batches_per_epoch, cuda, ranks)
     if costs is None:
         return WhatIf(cannot_predict="the period lacks a CPU reading of the training process or its workers")
