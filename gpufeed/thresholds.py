@@ -416,7 +416,10 @@ AUTOTUNE_PERIOD_MIN_BATCHES = 10
 # loop waited for data at least this share of them: time at your settings is paid at their speed, the
 # costliest of the run when they starve it (the storage bench: a tenth of the winner's, for 1.5 s of a
 # 10 s run), and the search's first decision is not close there (a wait of half the time removed doubles
-# the rate). The noise their spread gives is of shorter windows, so no smaller.
+# the rate). The noise their spread gives is of shorter windows, so no smaller. Only with workers: without,
+# the wait is the loop making its batches, and on busy cores workers would take as long (the CPU-bound
+# bench, num_workers=0 the best: with this rule and tune/model_start.py's cold step applied to it, 2 of 6
+# runs settled on 12-20 workers, 2026-12-06; none of 3 before).
 AUTOTUNE_STARVED_SHARE = 0.5
 # The live search stops (and keeps your settings) once the what-if model's pick and other trials, this
 # many in all, measured no faster than your settings beyond the noise: the model was wrong about this

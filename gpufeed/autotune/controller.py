@@ -188,11 +188,12 @@ class Controller:
         user = self.loader.user
         # Your settings for one period, measured as two halves: the search's two runs of them (their
         # spread is its first noise estimate) at the cost of one period at the settings to improve; less
-        # where they starve the loop (``AUTOTUNE_STARVED_SHARE``).
+        # where they starve the loop (``AUTOTUNE_STARVED_SHARE``) waiting for its workers. Without workers
+        # the wait is the loop making its batches: on busy cores, workers would take the same time.
         halves = []
         for which in ("first", "second"):
             why = f"your settings ({which} half of a period)"
-            self._ask(user, why, period_s=self.period_s / 2, short_if_starved=True)
+            self._ask(user, why, period_s=self.period_s / 2, short_if_starved=bool(user.num_workers))
             if not halves:
                 _import_the_search()
             halves.append(self._answer(why))

@@ -58,8 +58,9 @@ class ModelStart:
         if model is None or model.cannot_predict or model.best is None:
             return None
         best = model.best
-        workers = min(start_workers(model, s._useful_workers(), cold_step=bool(waits_for_data(start))),
-                      s._useful_workers())
+        # the loop parked on its workers' queue (not making batches itself, num_workers=0): its step ran cold
+        cold = bool(start.settings.num_workers and waits_for_data(start))
+        workers = min(start_workers(model, s._useful_workers(), cold_step=cold), s._useful_workers())
         # A fix measured faster so far (persistent workers, a thread cap) stays; persistent workers also
         # where your run shows their start-up above the noise (the search's own fix, one period sooner):
         # the model may tie them there and take the cheaper, but the fix comes next anyway, and a short
@@ -153,8 +154,8 @@ def start_workers(model, useful: int, cold_step: bool = False) -> int:
       gives them (far-too-many-workers bench, 2026-12-02, predictions flat at 787 samples/s from 2 to
       32 persistent workers: 592, 663, 708, 805 and 826 measured at 2, 4, 8, 12 and 16; CPU-bound
       bench: 765, 814, 885 at 8, 12, 16);
-    - the step binds (``compute``) past the best, read from a run whose loop waited for data
-      (``cold_step``) on the CPU: a starved loop's step runs cold (torch's intra-op threads park
+    - the step binds (``compute``) past the best, read from a run whose loop waited for its workers'
+      batches (``cold_step``) on the CPU: a starved loop's step runs cold (torch's intra-op threads park
       while it waits, and waking them made a fifth of the storage bench's steps take 20-35 ms: 5.5-6.0
       ms a step on average at 1 worker, 0.75 ms at 24, timed without gpufeed, 2026-12-06), so its
       ceiling is too low, and the pick at it measured the contradiction a period later (``ModelStart.ceiling_contradicted``: 7

@@ -813,7 +813,7 @@ def test_a_compute_bound_best_read_from_a_starved_cpu_step_starts_at_the_top_of_
     fewest, measured 1,614 samples/s with the loop still waiting, a period before 32 workers measured
     2,520. From a run that waited for data, the first run after yours is the most workers the model ties
     with its best (at most 8 times its best's and the cap). Not where the step is the GPU's (timed by CUDA
-    events, it does not run cold), nor where your loop did not wait for data."""
+    events, it does not run cold), nor where your loop did not wait for data, or made its batches itself."""
     from gpufeed.analysis.whatif import Costs, best_of
     cold = dict(cpu_s=0.002, sleep_s=0.032, handoff_s=0.0, compute_s=0.0064, receive_s=0.0, main_cpu_s=0.0064,
                 startup_s=0.0, spawn_s=0.016, stop_s=0.0, batches_per_epoch=400.0, samples_per_batch=8.0,
@@ -831,6 +831,11 @@ def test_a_compute_bound_best_read_from_a_starved_cpu_step_starts_at_the_top_of_
     assert first_after_yours(costs, data_wait=0.8) == 32
     assert first_after_yours(Costs(**{**cold, "cuda": True}), data_wait=0.8) == best.num_workers
     assert first_after_yours(costs, data_wait=0.0) == best.num_workers
+    # Without workers your loop made its batches itself, not parked on a queue: the model's best stands.
+    workload = Workload(storage_bound, noise=0.0, diagnosis=modelled_by(Costs(**{**cold, "workers": 0}), max_workers=32,
+                                                                       data_wait=0.8, cpu_ratio=0.05))
+    run_search(workload, start(0), max_workers=32, confirm_pairs=0)
+    assert workload.runs[1].num_workers == best_of(Costs(**{**cold, "workers": 0}), max_workers=32).num_workers
 
 
 def test_the_check_past_a_pick_starts_its_workers_once_where_the_model_says_their_forks_cost():
