@@ -314,14 +314,15 @@ class Controller:
         return self.memory.refusal(extra)
 
     def _measure(self, settings: LoaderSettings, why: str, action: str = MEASURED,
-                 log: bool = True, period_s: float | None = None, short_if_starved: bool = False) -> "Period | str":
-        """Ask the training loop for a period with ``settings`` (of ``period_s``, default the period;
-        ``short_if_starved``: ``Window.short_if_starved``); wait for it (this thread only)."""
-        self._ask(settings, why, period_s, short_if_starved)
+                 log: bool = True, period_s: float | None = None) -> "Period | str":
+        """Ask the training loop for a period with ``settings`` (of ``period_s``, default the period);
+        wait for it (this thread only)."""
+        self._ask(settings, why, period_s)
         return self._answer(why, action, log)
 
     def _ask(self, settings: LoaderSettings, why: str, period_s: float | None = None,
              short_if_starved: bool = False) -> None:
+        """Queue the request (``short_if_starved``: ``Window.short_if_starved``); ``_answer`` waits for it."""
         self._asks.put((settings, why, period_s or self.period_s, short_if_starved))
 
     def _answer(self, why: str, action: str = MEASURED, log: bool = True) -> "Period | str":
@@ -345,7 +346,6 @@ def _import_the_search() -> None:
     """The search and the what-if model, imported by the search's thread while the loop measures your
     settings' first half: imported where the loop builds its iterator, they held its first batch back
     by 0.24 s (``python -X importtime``, after torch, this machine), at your settings' speed."""
-    import gpufeed.autotune.model  # noqa: F401
     import gpufeed.analysis.whatif  # noqa: F401
     import gpufeed.tune.result  # noqa: F401
     import gpufeed.tune.search  # noqa: F401
