@@ -160,20 +160,27 @@ def start_workers(model, useful: int, cold_step: bool = False) -> int:
       ms a step on average at 1 worker, 0.75 ms at 24, timed without gpufeed, 2026-12-06), so its
       ceiling is too low, and the pick at it measured the contradiction a period later (``ModelStart.ceiling_contradicted``: 7
       workers at 1,614 samples/s with the loop still waiting 82% of the period, then 32 and 24 at
-      2,520-2,620). With CUDA the step is the GPU's, timed by events, and does not run cold."""
+      2,520-2,620). With CUDA the step is the GPU's, timed by events, and does not run cold;
+    - the cores bind past the best, read from the same cold step (its CPU is in the cores' ceiling too),
+      where the pool slept through its batches more than it computed (``cold_step``, ``sleep_s`` above
+      ``cpu_s``): on busy cores a worker that wakes from its read waits for a core, so the fewest
+      workers the model puts at the cores' limit measure below it, and more of them cost little CPU
+      (the storage bench under --autotune, 2026-12-06: a pick of 11 workers, "cores bound" at 2,439
+      samples/s predicted, measured 1,498-1,697 with the loop waiting 61-69%, and settled there; 32
+      workers measured 2,006-2,156 in the runs beside it)."""
     best, c = model.best, getattr(model, "costs", None)
     if not best.num_workers or c is None or c.cuda or best.num_workers >= useful:
         return best.num_workers
     if c.step_threads > 1:
-        flat = LIMIT_CORES
+        flat = {LIMIT_CORES}
     elif cold_step:
-        flat = LIMIT_LOOP
+        flat = {LIMIT_LOOP, LIMIT_CORES} if c.sleep_s > c.cpu_s else {LIMIT_LOOP}
     else:
         return best.num_workers
     top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, useful)
     for workers in range(top, best.num_workers, -1):
         rate, limit = samples_per_s(c, workers, best.persistent_workers)
-        if limit == flat and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
+        if limit in flat and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
             return workers
     return best.num_workers
 

@@ -838,6 +838,34 @@ def test_a_compute_bound_best_read_from_a_starved_cpu_step_starts_at_the_top_of_
     assert workload.runs[1].num_workers == best_of(Costs(**{**cold, "workers": 0}), max_workers=32).num_workers
 
 
+def test_a_cores_bound_best_read_from_a_starved_loop_whose_workers_sleep_starts_at_the_top_of_the_tie():
+    """The storage bench under --autotune (2026-12-06): from a starved loop's cold step, the model put
+    11 workers at the cores' limit (2,439 samples/s predicted) and more alike; 11 measured 1,498-1,697
+    with the loop waiting 61-69% and the search settled there, while 32 measured 2,006-2,156 beside it.
+    Workers that sleep through their batches (reads) wait for a core after each on busy cores: the first
+    run after yours is the most workers the model ties with its best. Not where the workers compute
+    more than they sleep (more of them than cores is what the cores' limit forbids), nor with CUDA."""
+    from gpufeed.analysis.whatif import Costs, best_of
+    cold = dict(cpu_s=0.004, sleep_s=0.031, handoff_s=0.0, compute_s=0.0022, receive_s=0.0, main_cpu_s=0.0024,
+                startup_s=0.0, spawn_s=0.016, stop_s=0.0, batches_per_epoch=400.0, samples_per_batch=8.0,
+                cores=2.0, other_cores=0.0, workers=1, persistent=False, cuda=False, step_threads=1)
+    best = best_of(Costs(**cold), max_workers=32)
+    assert best.limit == "cores" and best.num_workers < 16, best
+
+    def first_after_yours(**change):
+        costs = Costs(**{**cold, **change})
+        workload = Workload(storage_bound, noise=0.0,
+                            diagnosis=modelled_by(costs, max_workers=32, data_wait=0.8, cpu_ratio=0.05))
+        run_search(workload, start(1), max_workers=32, confirm_pairs=0)
+        return workload.runs[1].num_workers, best_of(costs, max_workers=32)
+
+    assert first_after_yours()[0] == 32
+    computing, its_best = first_after_yours(cpu_s=0.031, sleep_s=0.004)
+    assert its_best.limit == "cores" and computing == its_best.num_workers, (computing, its_best)
+    with_cuda, its_best = first_after_yours(cuda=True)
+    assert with_cuda == its_best.num_workers
+
+
 def test_the_check_past_a_pick_starts_its_workers_once_where_the_model_says_their_forks_cost():
     """A pick of 4 workers started every epoch (their forks tie with persistent ones there); the check
     past it has 32, whose forks each epoch the same model prices past its tie band: it measures them
