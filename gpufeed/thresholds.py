@@ -412,11 +412,13 @@ MIN_STEPS_FOR_FINDINGS = 10
 # A decision period lasts at least as long as a tune trial measures (TUNE_TRIAL_SECONDS) and at
 # least this many batches: a trial's throughput on fewer batches is one or two batches' accident.
 AUTOTUNE_PERIOD_MIN_BATCHES = 10
-# Your settings' two half periods (the search's first runs) end at AUTOTUNE_PERIOD_MIN_BATCHES where the
-# loop waited for data at least this share of them: time at your settings is paid at their speed, the
-# costliest of the run when they starve it (the storage bench: a tenth of the winner's, for 1.5 s of a
-# 10 s run), and the search's first decision is not close there (a wait of half the time removed doubles
-# the rate). The noise their spread gives is of shorter windows, so no smaller. Only with workers: without,
+# Your settings' first half period ends at AUTOTUNE_PERIOD_MIN_BATCHES where the loop waited for its
+# workers at least this share of it, and stands for both halves (their spread, the search's first noise,
+# is its own halves'); it counts from the pool's prefetched batches, not after the run's warm-up: time at
+# your settings is paid at their speed, the costliest of the run when they starve it (the storage bench:
+# a tenth of the winner's, for 1.5 s of a 10 s run, then 0.7 s for two halves after the warm-up), and the
+# search's first decision is not close there (a wait of half the time removed doubles the rate), while a
+# loop that waits for its workers runs at their rate whatever its first steps cost. Only with workers: without,
 # the wait is the loop making its batches, and on busy cores workers would take as long (the CPU-bound
 # bench, num_workers=0 the best: with this rule and tune/model_start.py's cold step applied to it, 2 of 6
 # runs settled on 12-20 workers, 2026-12-06; none of 3 before).

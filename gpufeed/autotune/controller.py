@@ -7,8 +7,9 @@ those settings instead of a separate short run of the command. The controller ad
 tuner needs on top, and nothing the search already decides:
 
 - the search's two runs of the user's settings (their spread is its first noise estimate) are the
-  two halves of one period: one period, not two, at the settings it is there to improve, and each
-  half only ``AUTOTUNE_PERIOD_MIN_BATCHES`` where they starve the loop (``AUTOTUNE_STARVED_SHARE``);
+  two halves of one period: one period, not two, at the settings it is there to improve; where they
+  starve the loop on its workers (``AUTOTUNE_STARVED_SHARE``), one half of ``AUTOTUNE_PERIOD_MIN_BATCHES``
+  counted from the pool's prefetch stands for both, its own halves' spread the noise (``window.py``);
 - each period's facts carry the what-if model's best setting, predicted from the period itself
   (``model.py``): the search measures it first and climbs from there when it is faster, as ``tune``
   does from the run of the user's configuration;
@@ -49,7 +50,7 @@ from gpufeed import thresholds as th
 from gpufeed.autotune.memory import HostMemory, batch_bytes, extra_memory_b
 from gpufeed.autotune.model import Period
 from gpufeed.autotune.switching import LoaderSettings, SwitchingLoader, normalized
-from gpufeed.autotune.window import Window, window_skip
+from gpufeed.autotune.window import Window, new_window
 from gpufeed.settings import REORDER_NOTE, random_stream_note
 
 if TYPE_CHECKING:  # imported by the search's thread (``_import_the_search``), not the training loop's
@@ -150,8 +151,8 @@ class Controller:
             except queue.Empty:
                 return None
             switching = settings != self.loader.settings
-            window = self._window = Window(settings, why, skip=window_skip(settings, switching, self._batches_seen - 1),
-                                            period_s=period_s, short_if_starved=short_if_starved)
+            window = self._window = new_window(settings, why, period_s, switching, self._batches_seen - 1,
+                                               short_if_starved)
             if switching:
                 return settings  # measured from the new pool's batches on
         if source != window.settings:
@@ -187,16 +188,26 @@ class Controller:
         it; search again from it when it falls clearly below what it measured (the best setting moved)."""
         user = self.loader.user
         # Your settings for one period, measured as two halves: the search's two runs of them (their
-        # spread is its first noise estimate) at the cost of one period at the settings to improve; less
-        # where they starve the loop (``AUTOTUNE_STARVED_SHARE``) waiting for its workers. Without workers
+        # spread is its first noise estimate) at the cost of one period at the settings to improve. Where
+        # they starve the loop (``AUTOTUNE_STARVED_SHARE``) waiting for its workers, one short period
+        # stands for both, its own halves' spread the noise (``Period.halves_spread``). Without workers
         # the wait is the loop making its batches: on busy cores, workers would take the same time.
-        halves = []
+        halves: list[Period | str] = []
         for which in ("first", "second"):
             why = f"your settings ({which} half of a period)"
             self._ask(user, why, period_s=self.period_s / 2, short_if_starved=bool(user.num_workers))
             if not halves:
                 _import_the_search()
-            halves.append(self._answer(why))
+            half = self._answer(why, log=False)
+            starved = isinstance(half, Period) and half.halves_spread is not None
+            if starved:
+                why = (f"your settings (a short period: the loop waited for its workers {half.wait_share:.0%} "
+                       f"of it; its halves differ by {half.halves_spread:.1%})")
+            if isinstance(half, Period):
+                self.event(MEASURED, why=why, period=half.to_dict())
+            halves.append(half)
+            if starved:
+                break
         if any(isinstance(half, str) for half in halves):
             return
         self.user_rate = sum(half.samples_per_s for half in halves) / len(halves)

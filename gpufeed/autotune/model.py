@@ -70,6 +70,10 @@ class Period:
     # starting a pool per worker (forking it in the training process), at the latest pool start: what each
     # epoch's start costs non-persistent workers, where the period holds no epoch start to measure it
     spawn_s: float | None = None
+    # A period that ended short, the loop starved (``Window.short_if_starved``: your settings'), stands for
+    # both halves of their period: how far its own two halves' throughputs differ, the search's first
+    # noise (the what-if model's, ``|a - b| / (a + b)``); None for every other period.
+    halves_spread: float | None = None
 
     @property
     def input_share(self) -> float:
@@ -97,7 +101,8 @@ class Period:
                 "compute_cores": None if self.compute_cores is None else round(self.compute_cores, 3),
                 **({"node_cores_used": None if self.node_cores_used is None else round(self.node_cores_used, 3),
                     "node_ranks": self.node_ranks} if self.node_ranks > 1 else {}),
-                **({"ranks": self.per_rank} if self.per_rank else {})}
+                **({"ranks": self.per_rank} if self.per_rank else {}),
+                **({"halves_spread": round(self.halves_spread, 4)} if self.halves_spread is not None else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Period":
@@ -107,7 +112,7 @@ class Period:
                    data.get("cores_used"), data.get("main_cores"), data.get("host_busy_cores"),
                    data.get("compute_cores"), data.get("node_cores_used"), data.get("node_ranks", 1),
                    iter_share=data.get("iter_share", 0.0), epoch_starts=data.get("epoch_starts", 0),
-                   spawn_s=data.get("spawn_s"))
+                   spawn_s=data.get("spawn_s"), halves_spread=data.get("halves_spread"))
 
     def facts(self, cpu_count: int, batches_per_epoch: float | None = None,
               max_workers: int | None = None, ranks: int = 1) -> "LiveFacts":
@@ -246,8 +251,9 @@ def live_what_if(period: Period, cpu_count: int, batches_per_epoch: float | None
     from gpufeed.analysis.whatif import Spread, WhatIf, best_of, predict
     costs = live_costs(period, cpu_count, batches_per_epoch, cuda, ranks)
     if costs is None:
-        return WhatIf(cannot_predict="the period lacks a CPU reading of the training process or its workers")
+        return WhatIf(cannot_predict="the period lacks a CPU reading of the training process or its workers",
+                      noise=period.halves_spread)
     # ``yours``: the period's own setting as the model sees it (the search compares what its pick
     # measured with what was predicted for both: ``tune/model_start.py``'s agreement)
     yours = predict(Spread(costs, costs, costs), costs.workers, costs.persistent, why="your settings")
-    return WhatIf(costs=costs, best=best_of(costs, max_workers=max_workers), yours=yours)
+    return WhatIf(costs=costs, best=best_of(costs, max_workers=max_workers), yours=yours, noise=period.halves_spread)

@@ -498,12 +498,10 @@ class Search:
 
 
 def _run_noise(trial: Trial) -> float | None:
-    """How far the two halves of the trial's run differ (the what-if model's noise), when the model
-    could read the run; a second run of the same settings measures it otherwise."""
-    model = getattr(trial.diagnosis, "what_if", None)
-    if model is None or model.cannot_predict or model.noise is None:
-        return None
-    return model.noise
+    """How far the two halves of the trial's run differ (the what-if model's noise), where it was read
+    (a model that cannot predict from a run still has its halves); a second run of the same settings
+    measures it otherwise."""
+    return getattr(getattr(trial.diagnosis, "what_if", None), "noise", None)
 
 
 def _workers_asleep(trial: Trial) -> bool:

@@ -86,10 +86,16 @@ def test_the_search_finds_the_fastest_setting_from_the_live_periods():
     assert settled["speedup"] > 1.5  # 40 ms a batch with one worker, 22 ms with four
 
 
+def fed_at_yours(settings: LoaderSettings, controller: Controller) -> tuple[float, float]:
+    """``batch_time``, less starved at your settings: 43 ms a batch there, 13 ms of it waiting."""
+    step, wait = batch_time(settings)
+    return (step, 0.013) if settings == controller.loader.user else (step, wait)
+
+
 def test_your_settings_cost_one_period_before_the_search_leaves_them():
     """The search's two runs of your settings (their spread: its first noise) are the two halves of
     one period, not two periods at the settings it is there to improve."""
-    controller, loader = simulate(LoaderSettings(num_workers=1), period_s=2.0)  # 43 ms a batch: 46 in a period
+    controller, loader = simulate(LoaderSettings(num_workers=1), period_s=2.0, cost=fed_at_yours)  # 46 in a period
     measured = periods(controller)
     first, second, third = (e["period"] for e in measured[:3])
     assert first["settings"] == second["settings"] == loader.user.to_dict() != third["settings"]
@@ -99,28 +105,31 @@ def test_your_settings_cost_one_period_before_the_search_leaves_them():
 
 def test_your_settings_that_starve_the_loop_are_measured_for_the_fewest_batches():
     """Time at your settings is paid at their speed: where the loop waited for data at least
-    AUTOTUNE_STARVED_SHARE of a half for its workers, the half ends at the minimum batches (the storage
-    bench: a tenth of the winner's speed, 1.5 s of a 10 s run). Where it waited less, or made its batches
-    itself (num_workers=0), each half lasts half a period."""
-    def halves(cost, workers=1):
+    AUTOTUNE_STARVED_SHARE of a half for its workers, one half of the minimum batches stands for the
+    period, its own halves' spread the search's first noise (the storage bench: a tenth of the winner's
+    speed, 1.5 s of a 10 s run, then two halves of 10 batches, 0.7 s). Where it waited less, or made its
+    batches itself (num_workers=0), your settings get two halves of half a period each."""
+    def yours(cost, workers=1):
         controller, loader = simulate(LoaderSettings(num_workers=workers), period_s=2.0, cost=cost)
-        return [e["period"] for e in periods(controller)[:2]]
+        measured = [e["period"] for e in periods(controller)]
+        at_yours = [p for p in measured[:3] if p["settings"] == loader.user.to_dict()]
+        return controller, at_yours, measured
 
-    starved = halves(lambda settings, controller: batch_time(settings))  # 43 ms a batch, 33 ms of it waiting
-    assert all(h["wait_share"] >= th.AUTOTUNE_STARVED_SHARE for h in starved), starved
-    assert [h["batches"] for h in starved] == [10, 10], starved
+    controller, starved, measured = yours(lambda settings, controller: batch_time(settings))  # 43 ms, 33 waiting
+    assert len(starved) == 1 and starved[0]["batches"] == 10, measured[:3]
+    assert starved[0]["wait_share"] >= th.AUTOTUNE_STARVED_SHARE
+    assert starved[0]["halves_spread"] == pytest.approx(0.0, abs=1e-6)  # every simulated batch alike
+    assert controller.user_rate == pytest.approx(starved[0]["samples_per_s"], rel=1e-4)
+    assert controller._search.noise == th.TUNE_NOISE_FLOOR
+    assert controller.settled is not None and controller.settled.num_workers in (3, 4)
 
-    def fed_at_yours(settings, controller):  # 43 ms a batch at yours, 13 ms of it waiting
-        step, wait = batch_time(settings)
-        return (step, 0.013) if settings == controller.loader.user else (step, wait)
-
-    fed = halves(fed_at_yours)
-    assert all(h["wait_share"] < th.AUTOTUNE_STARVED_SHARE for h in fed), fed
-    assert all(h["elapsed_s"] >= 1.0 and h["batches"] > 10 for h in fed), fed
+    controller, fed, _ = yours(fed_at_yours)
+    assert len(fed) == 2 and all(h["wait_share"] < th.AUTOTUNE_STARVED_SHARE for h in fed), fed
+    assert all(h["elapsed_s"] >= 1.0 and h["batches"] > 10 and "halves_spread" not in h for h in fed), fed
     # Without workers the wait is the loop making its batches (on busy cores, workers take as long): the
     # halves keep their length.
-    making = halves(lambda settings, controller: batch_time(settings), workers=0)  # 40 ms, 30 ms in next()
-    assert all(h["wait_share"] >= th.AUTOTUNE_STARVED_SHARE for h in making), making
+    controller, making, _ = yours(lambda settings, controller: batch_time(settings), workers=0)  # 40 ms, 30 in next()
+    assert len(making) == 2 and all(h["wait_share"] >= th.AUTOTUNE_STARVED_SHARE for h in making), making
     assert all(h["elapsed_s"] >= 1.0 and h["batches"] > 10 for h in making), making
 
 
@@ -130,7 +139,7 @@ def test_your_own_settings_measured_below_their_mean_are_not_recovered_from():
     slow_first = {"n": 0}
 
     def cost(settings, controller):
-        step, wait = batch_time(settings)
+        step, wait = fed_at_yours(settings, controller)
         if settings == controller.loader.user and controller.user_rate is None:
             slow_first["n"] += 1
             if slow_first["n"] <= 18:  # in the first half (about 23 batches of 43 ms): 20% slower
@@ -363,17 +372,67 @@ def test_the_search_measures_the_live_models_pick_against_its_prediction():
 def test_the_runs_warm_up_batches_are_not_your_settings_first_half():
     """The first DEFAULT_WARMUP_STEPS batches (first kernels, the first pool's start) are left out, as
     diagnose leaves them out: slow ones there do not make the halves differ (the search's noise)."""
-    seen = {"n": 0}
+    def slow_warm_up(base):
+        seen = {"n": 0}
 
-    def cost(settings, controller):
-        seen["n"] += 1
-        while seen["n"] == 1 and controller._asks.empty():  # the search has asked for the first window
-            time.sleep(0.001)
-        step, wait = batch_time(settings)
-        return (step + 0.5, wait + 0.5) if seen["n"] <= th.DEFAULT_WARMUP_STEPS else (step, wait)
-    controller, _ = simulate(LoaderSettings(num_workers=1), cost=cost, period_s=2.0)
+        def cost(settings, controller):
+            seen["n"] += 1
+            while seen["n"] == 1 and controller._asks.empty():  # the search has asked for the first window
+                time.sleep(0.001)
+            step, wait = base(settings, controller)
+            return (step + 0.5, wait + 0.5) if seen["n"] <= th.DEFAULT_WARMUP_STEPS else (step, wait)
+        return cost
+
+    controller, _ = simulate(LoaderSettings(num_workers=1), cost=slow_warm_up(fed_at_yours), period_s=2.0)
     first, second = (e["period"]["samples_per_s"] for e in periods(controller)[:2])
     assert first == pytest.approx(second, rel=0.02)
+
+
+def test_a_loop_starved_on_its_workers_is_measured_from_the_pools_prefetch_not_the_warm_up():
+    """Where your loop starves on its workers, it runs at their rate whatever its first steps cost: your
+    settings' short period counts from the pool's prefetched batches (the pool's start is in them), not
+    after the run's warm-up, paid at your settings' speed. Where the loop did not starve through the
+    warm-up, the period opens again after it, as the warm-up test above has it."""
+    starved = lambda settings, controller: batch_time(settings)  # noqa: E731  (43 ms, 33 ms waiting)
+
+    at_yours = []  # the batches made at your settings, one list per simulated run
+
+    def first_batches(slow: int, base):
+        seen = {"n": 0}
+        at_yours.append([])
+
+        def cost(settings, controller):
+            seen["n"] += 1
+            if settings == controller.loader.user and controller.settled is None:
+                at_yours[-1].append(seen["n"])
+            while seen["n"] == 1 and controller._asks.empty():  # the search has asked for the first window
+                time.sleep(0.001)
+            step, wait = base(settings, controller)
+            return (step + 0.5, wait + 0.5) if seen["n"] <= slow else (step, wait)
+        return cost
+
+    def first_period(cost):
+        controller, loader = simulate(LoaderSettings(num_workers=1), period_s=2.0, cost=cost)
+        events = [e for e in controller.events if e["action"] in (MEASURED, "switch")]
+        return events[0]["period"], events[1], loader
+
+    # The pool's start (w1 p2: its first two batches) is left out, and 10 batches measure the rest.
+    period, switch, loader = first_period(first_batches(2, starved))
+    assert period["settings"] == loader.user.to_dict() and period["batches"] == 10, period
+    assert period["samples_per_s"] == pytest.approx(8 / 0.043, rel=0.01) and period["halves_spread"] < 0.01
+    assert switch["action"] == "switch"
+    # 2 + 10 and the one the search's answer takes (the warm-up's 10 + 10 + 1 before)
+    assert at_yours[-1] == list(range(1, 14)), at_yours[-1]
+    # A pool start that slows the waits of the warm-up's batches: still rising, counted again after it.
+    period, _, _ = first_period(first_batches(th.DEFAULT_WARMUP_STEPS, starved))
+    assert period["batches"] == 10 and period["samples_per_s"] == pytest.approx(8 / 0.043, rel=0.01), period
+    # Fed through the warm-up, then starved: counted again from the warm-up's end, its batches out.
+    def fed_then_starved(settings, controller):
+        # (the batch being made is the controller's next: _batches_seen + 1)
+        return fed_at_yours(settings, controller) if controller._batches_seen < th.DEFAULT_WARMUP_STEPS \
+            else starved(settings, controller)
+    period, _, _ = first_period(fed_then_starved)
+    assert period["batches"] == 10 and period["wait_share"] == pytest.approx(0.033 / 0.043, rel=0.01), period
 
 
 def test_a_winner_measured_high_by_the_search_is_watched_against_its_own_periods():
@@ -404,3 +463,28 @@ def test_the_training_loop_does_not_import_the_search():
             "print(sorted(m for m in sys.modules if m.startswith(('gpufeed.tune', 'gpufeed.analysis'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
+
+
+def test_a_short_periods_halves_give_the_noise_only_where_it_ended_starved():
+    """``Window.halves_spread``: the throughputs of the window's two halves by batches, as the what-if
+    model reads a run's noise (|a - b| / (a + b)); a period carries it only where it ended short for a
+    starved loop (it then stands for both halves of your settings' period)."""
+    from gpufeed.autotune.window import Window
+
+    def window(short_if_starved, wait_s):
+        w = Window(LoaderSettings(num_workers=1), "x", skip=1, period_s=10.0, short_if_starved=short_if_starved)
+        t = 0.0
+        w.add(t, t, 8, False, None, 0.0)   # the skipped batch opens the window
+        for i in range(10):
+            step = 0.010 if i < 5 else 0.020   # 800 samples/s, then 400
+            w.add(t + step - wait_s * step, t + step, 8, False, None, 0.0)
+            t += step
+        return w
+
+    starved = window(True, wait_s=0.9)
+    assert starved.halves_spread() == pytest.approx(400 / 1200)
+    assert starved.done(10) and starved.period().halves_spread == pytest.approx(400 / 1200)
+    fed = window(True, wait_s=0.1)
+    assert not fed.done(10) and fed.period().halves_spread is None
+    long = window(False, wait_s=0.9)
+    assert not long.done(10) and long.period().halves_spread is None
