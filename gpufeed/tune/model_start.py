@@ -119,7 +119,7 @@ class ModelStart:
         s = self.search
         pick = picked.settings.num_workers or 0
         workers = min(th.TUNE_MODEL_CHECK_FACTOR * pick, s._useful_workers())
-        if not pick or workers < 2 * pick or waits_for_data(picked) is False:
+        if not pick or workers < 2 * pick or waits_for_data(picked) is False or cores_bind_for_good(self.answer, picked):
             return None
         settings = s._with_workers(picked, workers)
         if not settings.persistent_workers and persistent_faster(self.answer, workers):
@@ -183,6 +183,22 @@ def start_workers(model, useful: int, cold_step: bool = False) -> int:
         if limit in flat and rate >= best.samples_per_s * (1 - th.WHATIF_TIE_SHARE):
             return workers
     return best.num_workers
+
+
+def cores_bind_for_good(model, picked: Trial) -> bool:
+    """Whether the model puts its pick at the cores' limit for a reason more workers cannot move: the
+    batches are made on the CPU (their CPU above their time asleep) and the step runs on one thread, so
+    a worker more takes its CPU from the others. The check past the pick is for curves the model draws
+    flat where they rise (a step on several threads whose spinning threads give way to more workers;
+    workers asleep through their reads); here 8 times the workers is a period of forks and contention
+    that only the noise can make win (CPU-bound bench, 2026-12-06: 2 workers at the cores' limit, 498
+    samples/s predicted and 525 measured, 16 measured 477; two of three autotuned runs settled on 16
+    workers, 0.89 of your settings' samples/s)."""
+    c = getattr(model, "costs", None)
+    if c is None:
+        return False
+    limit = samples_per_s(c, picked.settings.num_workers or 0, bool(picked.settings.persistent_workers))[1]
+    return limit == LIMIT_CORES and c.step_threads <= 1 and c.cpu_s >= c.sleep_s
 
 
 def persistent_faster(model, workers: int) -> bool:

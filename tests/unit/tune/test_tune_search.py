@@ -866,6 +866,37 @@ def test_a_cores_bound_best_read_from_a_starved_loop_whose_workers_sleep_starts_
     assert with_cuda == its_best.num_workers
 
 
+def test_a_pick_at_the_cores_limit_of_batches_made_on_the_cpu_is_not_checked_eight_times_further():
+    """CPU-bound bench under --autotune (2026-12-06): batches made on the CPU (20 ms each, none asleep),
+    a one-thread step; the model put 2 workers at the cores' limit (498 samples/s predicted, 525
+    measured), and the check past it measured 16: a period of 16 forks and contention that a noisy
+    period let win in two of three runs (0.89 of your settings' samples/s). No check past such a pick;
+    where the workers sleep through their batches, or the step runs on several threads, it stays."""
+    from gpufeed.analysis.whatif import Costs
+    cpu = dict(cpu_s=0.020, sleep_s=0.0, handoff_s=0.0007, compute_s=0.0011, receive_s=0.0, main_cpu_s=0.0097,
+               startup_s=0.0, spawn_s=0.0, stop_s=0.0, batches_per_epoch=400.0, samples_per_batch=8.0,
+               cores=2.0, other_cores=0.0, workers=0, persistent=False, cuda=False, step_threads=1)
+    noisy_16 = lambda s: {0: 442.0, 2: 525.0, 16: 540.0}.get(s.num_workers or 0, 480.0)  # noqa: E731
+
+    def tried(**change):
+        workload = Workload(noisy_16, noise=0.0, diagnosis=modelled_by(Costs(**{**cpu, **change}), persistent=False,
+                                                                       max_workers=32, data_wait=0.6, noise=0.03))
+        run_search(workload, start(0), max_workers=32, confirm_pairs=0)
+        return [s.num_workers for s in workload.runs]
+
+    made_on_the_cpu = tried()
+    assert made_on_the_cpu[:2] == [0, 2] and 16 not in made_on_the_cpu, made_on_the_cpu
+    from gpufeed.tune.model_start import cores_bind_for_good
+    from gpufeed.tune.result import Trial
+
+    def binds(**change):
+        costs = Costs(**{**cpu, **change})
+        return cores_bind_for_good(SimpleNamespace(costs=costs), Trial(1, start(2), "pick"))
+    assert binds()
+    assert not binds(cpu_s=0.004, sleep_s=0.030)     # asleep through their reads
+    assert not binds(step_threads=2)                 # a step on several threads
+
+
 def test_the_check_past_a_pick_starts_its_workers_once_where_the_model_says_their_forks_cost():
     """A pick of 4 workers started every epoch (their forks tie with persistent ones there); the check
     past it has 32, whose forks each epoch the same model prices past its tie band: it measures them
