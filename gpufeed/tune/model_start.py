@@ -162,8 +162,8 @@ def start_workers(model, useful: int, cold_step: bool = False) -> int:
       workers at 1,614 samples/s with the loop still waiting 82% of the period, then 32 and 24 at
       2,520-2,620). With CUDA the step is the GPU's, timed by events, and does not run cold;
     - the cores bind past the best, read from the same cold step (its CPU is in the cores' ceiling too),
-      where the pool slept through its batches more than it computed (``cold_step``, ``sleep_s`` above
-      ``cpu_s``): on busy cores a worker that wakes from its read waits for a core, so the fewest
+      where the pool slept through its batches more than it computed (``cold_step``, ``Costs.mostly_asleep``:
+      ``sleep_s`` above ``cpu_s``): on busy cores a worker that wakes from its read waits for a core, so the fewest
       workers the model puts at the cores' limit measure below it, and more of them cost little CPU
       (the storage bench under --autotune, 2026-12-06: a pick of 11 workers, "cores bound" at 2,439
       samples/s predicted, measured 1,498-1,697 with the loop waiting 61-69%, and settled there; 32
@@ -174,7 +174,7 @@ def start_workers(model, useful: int, cold_step: bool = False) -> int:
     if c.step_threads > 1:
         flat = {LIMIT_CORES}
     elif cold_step:
-        flat = {LIMIT_LOOP, LIMIT_CORES} if c.sleep_s > c.cpu_s else {LIMIT_LOOP}
+        flat = {LIMIT_LOOP, LIMIT_CORES} if c.mostly_asleep else {LIMIT_LOOP}
     else:
         return best.num_workers
     top = min(th.TUNE_MODEL_CHECK_FACTOR * best.num_workers, useful)
@@ -198,7 +198,7 @@ def cores_bind_for_good(model, picked: Trial) -> bool:
     if c is None:
         return False
     limit = samples_per_s(c, picked.settings.num_workers or 0, bool(picked.settings.persistent_workers))[1]
-    return limit == LIMIT_CORES and c.step_threads <= 1 and c.cpu_s >= c.sleep_s
+    return limit == LIMIT_CORES and c.step_threads <= 1 and not c.mostly_asleep
 
 
 def persistent_faster(model, workers: int) -> bool:

@@ -89,6 +89,12 @@ class Costs:
         return "gpu" if self.gpu_step_s is not None else "host"
 
     @property
+    def mostly_asleep(self) -> bool:
+        """Whether a batch's fetch sleeps (storage, network) longer than it computes: its workers wait
+        for a core when they wake on busy cores, and more of them cost little CPU."""
+        return self.sleep_s > self.cpu_s
+
+    @property
     def loop_step_s(self) -> float:
         """The step of a loop whose batches are always ready."""
         return self.compute_s if self.ready_compute_s is None else self.ready_compute_s
