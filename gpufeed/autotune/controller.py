@@ -265,24 +265,36 @@ class Controller:
     def _watch(self, settings: LoaderSettings, since: list[float], noise: float) -> "Period | None":
         """Measure the winner quietly; the period that ends the watch (two in a row clearly below the
         median of its last ``AUTOTUNE_WATCH_PERIODS`` periods since it settled, ``since`` the first of
-        them, while the loop waits for data), or None when the loop can no longer be measured."""
+        them, and below every one of them, while the loop waits for data), or None when the loop can no
+        longer be measured.
+
+        Below every period seen, as well as twice the search's noise below their median: the search's
+        noise comes from a few pairs of periods, and on busy cores the winner's own periods spread wider
+        (CPU-bound bench, 2026-12-06: 499 samples/s against a median of 532 over 14 periods started a
+        search, and 5-8 switches a run where one search makes 2-3). A rate that changed for good falls
+        below all of them at once; one that slides does so period after period."""
         seen = deque(since, maxlen=th.AUTOTUNE_WATCH_PERIODS)
-        low = 0
+        low: list[float] = []  # the clearly low periods in a row, kept out of ``seen`` while they last
         while True:
             period = self._measure(settings, "watching the winner", log=False)
             if isinstance(period, str):
                 return None
-            reference = statistics.median(seen) if seen else period.samples_per_s
-            clearly_low = (period.samples_per_s < reference * (1 - 2 * noise)
+            rate = period.samples_per_s
+            reference = statistics.median(seen) if seen else rate
+            clearly_low = (rate < reference * (1 - 2 * noise) and (not seen or rate < min(seen))
                            and period.input_share >= th.AUTOTUNE_SEARCH_WAIT_SHARE)
-            low = low + 1 if clearly_low else 0
-            if low >= 2:
-                self.event(DRIFT, why=f"{settings.label()} fell to {period.samples_per_s:,.0f} samples/s from "
-                                      f"{reference:,.0f} (the median of its {len(seen)} periods since it settled; "
-                                      f"noise {noise:.0%}) with the loop waiting for data: searching again from it",
+            if not clearly_low:
+                seen.extend([*low, rate])
+                low = []
+                continue
+            low.append(rate)
+            if len(low) >= 2:
+                self.event(DRIFT, why=f"{settings.label()} fell to {rate:,.0f} samples/s from "
+                                      f"{reference:,.0f} (the median of its {len(seen)} periods since it settled, "
+                                      f"and below all of them; noise {noise:.0%}) with the loop waiting for data: "
+                                      f"searching again from it",
                            period=period.to_dict())
                 return period
-            seen.append(period.samples_per_s)
 
     def _trial(self, settings: LoaderSettings, why: str) -> "TrialRun":
         """One trial of the search: a live period with ``settings`` (or a refusal)."""
