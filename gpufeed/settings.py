@@ -84,6 +84,37 @@ def random_stream_note(workers_before: int | None, workers_after: int | None) ->
             "on")
 
 
+def epoch_order_note(before: "LoaderSettings", after: "LoaderSettings", sampler: str | None) -> str | None:
+    """What turning persistent workers on or off does beyond speed, or None when it changes nothing.
+
+    Each new DataLoader iterator draws its workers' base seed from torch's generator (the global one,
+    or the loader's ``generator``), and ``RandomSampler`` draws each epoch's shuffle from the same one: a
+    persistent iterator draws the base seed once, not every epoch, so from the second epoch on a seeded
+    run's shuffle is another (every sample still once an epoch). Measured with torch itself in
+    tests/real/test_seeded_shuffle.py; ``--autotune`` replays the plain run's draws and keeps its order.
+    ``sampler``: the training loader's (``RandomSampler`` where it shuffles; None: not known, said on
+    that condition)."""
+    def persists(settings: LoaderSettings) -> bool:
+        return bool(settings.persistent_workers) and bool(settings.num_workers)
+
+    if persists(before) == persists(after) or (sampler is not None and sampler != "RandomSampler"):
+        return None
+    how = "once, not every epoch" if persists(after) else "every epoch, not once"
+    condition = "" if sampler else " with shuffle=True"
+    return (f"persistent_workers={persists(after)} keeps every sample of each epoch, but a seeded run "
+            f"(torch.manual_seed){condition} shuffles them in another order from its second epoch on: the "
+            f"loader then draws its workers' seed from torch's generator {how}, and the shuffle draws from "
+            "the same generator")
+
+
+def shuffling_sampler(config: dict[str, Any]) -> str | None:
+    """The sampler a loader's record says draws its order: a script's own ``batch_sampler``'s inner one
+    (then ``batch_size`` is None; None where it has none we know), else the loader's ``sampler``."""
+    if config.get("batch_size") is None and config.get("batch_sampler"):
+        return config.get("inner_sampler")
+    return config.get("sampler")
+
+
 @dataclass(frozen=True)
 class LoaderSettings:
     """DataLoader keywords gpufeed can set. ``None`` leaves the user's value as it is."""

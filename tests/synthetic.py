@@ -44,6 +44,7 @@ class Scenario:
     fork_probe: tuple[float, float, float] | None = None   # (fork_s, first step's extra, second's)
     default_start_method: str = "fork"
     multiprocessing_context: str | None = None
+    sampler: str = "RandomSampler"   # the training loader's (shuffle=True)
     worker_os_threads: int = 4
     worker_status: str = "sleeping"
     worker_cpu_pct: float = 30.0      # each worker, every sample (sampler)
@@ -128,7 +129,7 @@ def write_run(path: Path, sc: Scenario) -> Path:
               "prefetch_factor": sc.prefetch_factor if sc.num_workers else None,
               "persistent_workers": sc.persistent_workers, "batch_size": sc.batch_size, "drop_last": False,
               "dataset_type": "Synthetic", "dataset_len": sc.batch_size * sc.steps_per_epoch, "iterable": False,
-              "sampler": "RandomSampler", "batch_sampler": "BatchSampler",
+              "sampler": sc.sampler, "batch_sampler": "BatchSampler",
               "multiprocessing_context": sc.multiprocessing_context}
     if sc.offload is not None:
         config["offload"] = sc.offload

@@ -12,6 +12,7 @@ from gpufeed.cli.common import (EXIT_COMMAND_FAILED, EXIT_FOR_END, EXIT_INTERNAL
                                 EXIT_USAGE, dir_problem, print_all, say_error, say_note, write_json,
                                 write_report_option, write_tensorboard)
 from gpufeed.record import schema
+from gpufeed.settings import LoaderSettings, epoch_order_note
 
 def diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
     from gpufeed.measure.processes import StopSignals
@@ -196,7 +197,8 @@ def run(command: list[str], args: argparse.Namespace) -> int:
         which = "tf.data pipeline" if config.framework == "tensorflow" else "DataLoader"
         say_note(f"applying {config.settings.label()} to {config.target()} (said again when it is "
                  f"applied, or at the end when no {which} matched)")
-        stream = _stream_note(args.config, getattr(config.settings, "num_workers", None))
+        stream = _stream_note(args.config, getattr(config.settings, "num_workers", None),
+                              getattr(config.settings, "persistent_workers", None))
         if stream:
             say_note(stream)
     if args.autotune:
@@ -210,10 +212,11 @@ def run(command: list[str], args: argparse.Namespace) -> int:
     return EXIT_INTERNAL  # pragma: no cover (exec does not return)
 
 
-def _stream_note(path: Path, workers: int | None) -> str | None:
+def _stream_note(path: Path, workers: int | None, persistent: bool | None) -> str | None:
     """What the settings change beyond speed. A file ``gpufeed tune`` wrote (it names the command)
-    carries its own note: tune knew the script's num_workers, and says nothing when the winner keeps
-    it. Any other file that sets num_workers gets the note on the condition only the script can tell."""
+    carries its own note: tune knew the script's settings, and says nothing when the winner keeps
+    them. Any other file that sets num_workers or persistent_workers gets the note on the condition only
+    the script can tell."""
     import json
 
     try:
@@ -222,12 +225,16 @@ def _stream_note(path: Path, workers: int | None) -> str | None:
         data = None
     if isinstance(data, dict) and "command" in data and "note" in data:
         return data["note"] if isinstance(data["note"], str) else None
-    if workers is None:
-        return None
-    return (f"if your script's num_workers is not {workers}: every sample and its order are kept, but each "
-            "batch's random augmentation draws from another worker's random stream, so a seeded run "
-            f"(torch.manual_seed) gets other augmented batches and its loss curve differs from batch "
-            f"min(yours, {workers}) + 1 on")
+    notes = []
+    if workers is not None:
+        notes.append(f"if your script's num_workers is not {workers}: every sample and its order are kept, but "
+                     "each batch's random augmentation draws from another worker's random stream, so a seeded run "
+                     f"(torch.manual_seed) gets other augmented batches and its loss curve differs from batch "
+                     f"min(yours, {workers}) + 1 on")
+    if persistent is not None:
+        mine, yours = (LoaderSettings(num_workers=1, persistent_workers=p) for p in (persistent, not persistent))
+        notes.append(f"if your script's persistent_workers is not {persistent}: {epoch_order_note(yours, mine, None)}")
+    return "; ".join(notes) or None
 
 
 def _read_config(path: Path):

@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 from gpufeed.settings import CONFIG_FORMAT
 from gpufeed.measure.inside.tf_overrides import TUNABLE_OPS
-from gpufeed.settings import AUTOTUNE, REORDER_NOTE, LoaderSettings, PipelineSettings, random_stream_note
+from gpufeed.settings import (AUTOTUNE, REORDER_NOTE, LoaderSettings, PipelineSettings, epoch_order_note,
+                              random_stream_note, shuffling_sampler)
 from gpufeed.trials.outcome import FAILED, INTERRUPTED, OK
 from gpufeed.units import human_bytes
 
@@ -239,12 +240,15 @@ class TuneResult:
 
     def stream_note(self) -> str | None:
         """What the winner changes beyond speed against the configuration it was tuned from (the
-        seeded random stream, when it changes ``num_workers``), or None. Written into best-config.json,
+        seeded random stream, when it changes ``num_workers``; a seeded shuffle's later epochs, when it
+        turns persistent workers on or off), or None. Written into best-config.json,
         where ``gpufeed run --config`` reads it: tune knew the script's num_workers, run does not."""
         if self.framework == "tensorflow" or self.best is None or self.baseline is None or self.best is self.baseline:
             return None
-        return random_stream_note(getattr(self.baseline.settings, "num_workers", None),
-                                  getattr(self.best.settings, "num_workers", None))
+        before, after = self.baseline.settings, self.best.settings
+        notes = (random_stream_note(before.num_workers, after.num_workers),
+                 epoch_order_note(before, after, shuffling_sampler(self.training_config or {})))
+        return "; ".join(n for n in notes if n) or None
 
 
 def _summarised(summary: dict[str, Any] | None, trials: list[Trial]) -> Trial | None:

@@ -13,6 +13,7 @@ from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, inp
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
                                             wait_evidence, wait_sentence)
 from gpufeed.analysis.offload_sizing import cores_needed
+from gpufeed.settings import LoaderSettings, epoch_order_note, shuffling_sampler
 from gpufeed.units import fmt
 
 
@@ -215,7 +216,8 @@ def worker_restart(ctx: Context) -> Finding | None:
             message=(f"The training DataLoader built at {t.config.get('site')} was built anew {t.rebuilt} times "
                      f"(once an epoch), so its {workers} started again each time: {cost}.{persistent}"),
             recommendation=(f"Build it once, before the epoch loop, with persistent_workers=True: "
-                            f"{change(ctx, persistent_workers=True)}, then iterate that same loader every epoch."),
+                            f"{change(ctx, persistent_workers=True)}, then iterate that same loader every epoch."
+                            f"{_order_caveat(t.config)}"),
             evidence=evidence, thresholds={"restart_share": th.WORKER_STARTUP_SHARE_FLAG},
             fix_settings={"persistent_workers": True})
     if t.config.get("persistent_workers"):
@@ -223,6 +225,15 @@ def worker_restart(ctx: Context) -> Finding | None:
     return Finding(
         id="worker_restart", severity=severity_for(share), cost_share=share,
         message=f"The DataLoader started its {workers} again for each of {m.iterators} epochs: {cost}.",
-        recommendation=f"{change(ctx, persistent_workers=True)} keeps the workers alive between epochs.",
+        recommendation=f"{change(ctx, persistent_workers=True)} keeps the workers alive between epochs.{_order_caveat(t.config)}",
         evidence=evidence, thresholds={"restart_share": th.WORKER_STARTUP_SHARE_FLAG},
         fix_settings={"persistent_workers": True})
+
+
+def _order_caveat(config: dict) -> str:
+    """A sentence on what persistent workers change in a seeded shuffle, where the loader's sampler may
+    shuffle (``settings.epoch_order_note``); "" where it does not."""
+    workers = config.get("num_workers") or 0
+    note = epoch_order_note(LoaderSettings(num_workers=workers, persistent_workers=False),
+                            LoaderSettings(num_workers=workers, persistent_workers=True), shuffling_sampler(config))
+    return f" {note}." if note else ""

@@ -128,6 +128,17 @@ def test_worker_restart_fires_on_short_epochs(tmp_path):
     assert "persistent_workers=True" in f.recommendation
 
 
+def test_the_persistent_workers_fix_says_what_it_does_to_a_seeded_shuffle(tmp_path):
+    """A persistent loader draws its workers' seed from torch's generator once, not each epoch, and a
+    RandomSampler shuffles from the same generator: a seeded run's later epochs come in another order
+    (tests/real/test_seeded_shuffle.py). Said where the loader shuffles, not where it reads in order."""
+    shuffled = diagnose(tmp_path / "a", RESTARTS).finding("worker_restart")
+    assert "shuffles them in another order from its second epoch on" in shuffled.recommendation
+    in_order = diagnose(tmp_path / "b", dataclasses.replace(RESTARTS, sampler="SequentialSampler"))
+    assert "persistent_workers=True" in in_order.finding("worker_restart").recommendation
+    assert "shuffle" not in in_order.finding("worker_restart").recommendation
+
+
 @pytest.mark.parametrize("change", [{"persistent_workers": True}, {"epochs": 1}, {"num_workers": 0}])
 def test_worker_restart_quiet(tmp_path, change):
     assert diagnose(tmp_path, dataclasses.replace(RESTARTS, **change)).finding("worker_restart") is None

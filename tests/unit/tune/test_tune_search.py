@@ -639,6 +639,45 @@ def test_best_config_carries_the_stream_note_only_when_the_winner_changes_the_wo
     assert kept.config_file()["note"] is None
 
 
+def test_best_config_says_what_persistent_workers_do_to_a_seeded_shuffle():
+    """A winner that turns persistent workers on changes a seeded RandomSampler's order from the second
+    epoch on (tests/real/test_seeded_shuffle.py): said in best-config.json's note, beside the random
+    stream's; not where the sampler reads in order (DistributedSampler draws from its own seed), nor
+    where the winner keeps persistence as it was."""
+    from gpufeed.tune.result import Trial
+
+    def note(best_settings, sampler="RandomSampler", baseline=start(2, prefetch_factor=2)):
+        yours = Trial(0, baseline, "your configuration", [TrialRun(OK, 100.0, 1.0)])
+        best = Trial(1, best_settings, "more", [TrialRun(OK, 150.0, 1.0)])
+        result = TuneResult(command=["train.py"], site="train.py:9", baseline=yours, best=best, trials=[yours, best],
+                            noise=0.05, budget_s=None, elapsed_s=1.0, training_config={"sampler": sampler})
+        return result.config_file()["note"]
+
+    persistent = LoaderSettings(num_workers=2, prefetch_factor=2, pin_memory=False, persistent_workers=True)
+    assert note(persistent).startswith("persistent_workers=True keeps every sample of each epoch, but a seeded run")
+    assert note(persistent, "DistributedSampler") is None
+    assert note(start(3, prefetch_factor=2)).startswith("num_workers 2 -> 3")  # persistence as it was
+    both = note(LoaderSettings(num_workers=3, prefetch_factor=2, pin_memory=False, persistent_workers=True))
+    assert both.startswith("num_workers 2 -> 3") and "; persistent_workers=True keeps" in both
+    # from persistent to none at all: the loader draws a seed every epoch again
+    assert "every epoch, not once" in note(start(0), baseline=persistent)
+
+
+def test_a_settings_file_not_from_tune_gets_the_notes_on_their_conditions(tmp_path):
+    """``gpufeed run --config`` of a file tune did not write does not know the script's settings: it
+    says what another num_workers and another persistent_workers would change, each on that condition."""
+    from gpufeed.cli.running import _stream_note
+
+    path = tmp_path / "mine.json"
+    path.write_text("{}")
+    both = _stream_note(path, 3, True)
+    assert both.startswith("if your script's num_workers is not 3: every sample and its order are kept")
+    assert ("; if your script's persistent_workers is not True: persistent_workers=True keeps every sample of "
+            "each epoch, but a seeded run (torch.manual_seed) with shuffle=True shuffles them") in both
+    assert "every epoch, not once" in _stream_note(path, None, False)
+    assert _stream_note(path, None, None) is None
+
+
 def cpu_costs(**kw):
     """The what-if model's costs of a CPU-bound loader on 2 cores: 10 ms of CPU a batch of 16, a 2 ms step
     on one thread, persistent workers (no start-up per epoch)."""
