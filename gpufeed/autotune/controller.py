@@ -127,11 +127,17 @@ class Controller:
     # -- the loader's listener (main thread) -------------------------------------------------------
     def on_epoch(self, epoch: int) -> None:
         self._epoch_started = True
+        if self._window is not None:
+            self._window.resume(time.perf_counter())
         if not self._started:
             self._started = True
             self.event(START, user=self.loader.user.to_dict(), iterable=self.loader.iterable,
                        period_s=self.period_s)
             self._thread.start()
+
+    def on_epoch_end(self) -> None:
+        if self._window is not None:
+            self._window.pause(time.perf_counter())
 
     def on_iter(self, seconds: float) -> None:
         window = self._window

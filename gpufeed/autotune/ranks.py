@@ -140,6 +140,8 @@ class Coordinator:
     # -- the loader's listener --------------------------------------------------------------------------
     def on_epoch(self, epoch: int) -> None:
         self._first_of_epoch = True
+        if self.window is not None:
+            self.window.resume(time.perf_counter())
         if self.controller is not None:
             self.controller.on_epoch(epoch)  # the search's thread starts (and says so)
         elif not self._started:
@@ -161,6 +163,10 @@ class Coordinator:
         if self.n < self.next_sync:
             return None
         return self._exchange()
+
+    def on_epoch_end(self) -> None:
+        if self.window is not None:
+            self.window.pause(time.perf_counter())
 
     def on_iter(self, seconds: float) -> None:
         window = self.window

@@ -71,7 +71,9 @@ class Listener(Protocol):
     def on_epoch(self, epoch: int) -> None: ...
 
     # optional: the seconds ``iter(loader)`` took to start an epoch's pool (forking its workers), which
-    # no ``next()`` waits for: ``on_iter(seconds)``
+    # no ``next()`` waits for: ``on_iter(seconds)``; and ``on_epoch_end()``: the loop asked past an
+    # epoch's last batch (its pools closed), and until the next ``on_epoch`` does other things
+    # (evaluation, checkpoints)
 
 
 def user_settings(loader: Any) -> LoaderSettings:
@@ -354,6 +356,9 @@ class _Epoch:
                     self.draining = None
                     continue
                 self.close()
+                on_end = getattr(owner.listener, "on_epoch_end", None)
+                if on_end is not None:
+                    on_end()
                 raise
             except (RuntimeError, ConnectionError, EOFError) as error:
                 if not self._recover(error, iterator):

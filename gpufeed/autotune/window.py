@@ -45,6 +45,13 @@ class Window:
     # The training process's CPU outside next(): from each delivery to the next request (its compute)
     cpu_delivered: float | None = None
     compute_cpu_s: float | None = None
+    # The loop's time between the training loader's epochs (from the epoch's end to the next iter():
+    # evaluation, checkpoints, logging) and the CPU the process and the host spent meanwhile: not the
+    # input pipeline's, left out of the period (``pause``/``resume``)
+    outside_s: float = 0.0
+    outside_main_cpu_s: float = 0.0
+    outside_host_s: float = 0.0
+    paused: tuple[float, float, float | None] | None = None
     ended_starved: bool = False     # ended short (``short_if_starved``): the loop starved
     # each counted batch's delivery and samples, where short_if_starved: the throughput of its two halves
     deliveries: list[tuple[float, int]] = field(default_factory=list)
@@ -80,15 +87,18 @@ class Window:
                 self._read_cpu()
                 self.t0 = here
                 return False
-        elapsed = self.t_last - self.t0
-        if elapsed >= self.period_s and self.reopen_at is None:
+        if self._elapsed() >= self.period_s and self.reopen_at is None:
             return True
         self.ended_starved = self.short_if_starved and self._starved()
         return self.ended_starved
 
+    def _elapsed(self) -> float:
+        """The period's wall time so far, the loop's time between epochs left out."""
+        return self.t_last - self.t0 - self.outside_s
+
     def _starved(self) -> bool:
         return (self.t_last is not None and self.t0 is not None
-                and self.wait_s >= th.AUTOTUNE_STARVED_SHARE * (self.t_last - self.t0))
+                and self.wait_s >= th.AUTOTUNE_STARVED_SHARE * self._elapsed())
 
     def _reopen(self, skip: int) -> None:
         """Count again after ``skip`` batches seen: what was counted held the run's warm-up."""
@@ -96,6 +106,7 @@ class Window:
         self.t0 = self.t_last = None
         self.batches = self.samples = self.epoch_starts = 0
         self.wait_s = self.startup_s = self.iter_s = 0.0
+        self.outside_s = self.outside_main_cpu_s = self.outside_host_s = 0.0
         self.compute_cpu_s = None
         self.deliveries = []
 
@@ -122,6 +133,27 @@ class Window:
         a rate clearly faster): the rate is still rising, the warm-up not over."""
         halves = self._halves()
         return halves is not None and halves[1] > halves[0] * (1 + 2 * th.TUNE_NOISE_FLOOR)
+
+    def pause(self, t: float) -> None:
+        """The training loader's epoch ended at ``t`` (the loop asked past its last batch, and a pool
+        that is not persistent was shut down): until the next epoch's ``iter()`` the loop does other
+        things (evaluation, checkpoints) that no DataLoader setting changes. A period that held a
+        validation pass read a third of the rate of one that did not (pytorch/examples' ImageNet
+        script: 24 against 48 samples/s at your settings), so the search compared passes, not settings."""
+        if self.t0 is not None:
+            self.paused = (t, time.process_time(), _host_busy_s())
+
+    def resume(self, t: float) -> None:
+        """The next epoch's ``iter()`` began at ``t``: the time since ``pause`` is left out of the period."""
+        if self.paused is None:
+            return
+        t_end, main_cpu, host = self.paused
+        self.paused = None
+        self.outside_s += max(t - t_end, 0.0)
+        self.outside_main_cpu_s += max(time.process_time() - main_cpu, 0.0)
+        host_now = _host_busy_s()
+        if host is not None and host_now is not None:
+            self.outside_host_s += max(host_now - host, 0.0)
 
     def add_iter(self, seconds: float) -> None:
         """An epoch's pool started inside the window (``iter()``): its time is the input pipeline's."""
@@ -151,10 +183,11 @@ class Window:
     def period(self, spawn_s: float | None = None) -> Period:
         """What the window measured so far, as a decision period (``spawn_s``: the loader's latest
         pool start per worker, ``SwitchingLoader.spawn_s``)."""
-        elapsed = max(self.t_last - self.t0, 1e-9)
+        elapsed = max(self._elapsed(), 1e-9)
         cpu1 = _cpu_times(list(self.worker_cpu0))
         busy = cores = None
-        main = time.process_time() - self.main_cpu0 if self.main_cpu0 is not None else None
+        main = (time.process_time() - self.main_cpu0 - self.outside_main_cpu_s
+                if self.main_cpu0 is not None else None)
         workers_cpu = None
         if self.worker_cpu0 and set(cpu1) == set(self.worker_cpu0):  # the same workers throughout
             workers_cpu = sum(cpu1[p] - self.worker_cpu0[p] for p in cpu1)
@@ -173,7 +206,8 @@ class Window:
         elif not self.settings.num_workers and main is not None:
             cores = main / elapsed
         host1 = _host_busy_s()
-        host = None if host1 is None or self.host_busy0 is None else (host1 - self.host_busy0) / elapsed
+        host = (None if host1 is None or self.host_busy0 is None
+                else (host1 - self.host_busy0 - self.outside_host_s) / elapsed)
         return Period(self.settings, self.samples / elapsed, self.wait_s / elapsed, busy, elapsed,
                       self.batches, self.startup_s / elapsed, cores,
                       None if main is None else main / elapsed, host,

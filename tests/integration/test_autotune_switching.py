@@ -167,6 +167,31 @@ class Switches:
         pass
 
 
+def test_the_listener_hears_each_epochs_end_after_its_last_batch():
+    """``on_epoch_end`` once the loop asked past an epoch's last batch (a switch inside it included),
+    before the next epoch's ``on_epoch``: the controller leaves the loop's time between them
+    (evaluation, checkpoints) out of its period."""
+    heard: list = []
+
+    class Heard(Switches):
+        def on_batch(self, *args):
+            heard.append("batch")
+
+        def on_epoch(self, epoch) -> None:
+            heard.append(("epoch", epoch))
+
+        def on_epoch_end(self) -> None:
+            heard.append("end")
+
+    torch.manual_seed(SEED)
+    loader = SwitchingLoader(_shuffled(batch_size=4, drop_last=True)(), listener=Heard())
+    try:
+        _run(loader, switches={(0, 2): W1})
+    finally:
+        loader.close()
+    assert heard == [("epoch", 1), *["batch"] * 5, "end", ("epoch", 2), *["batch"] * 5, "end"]
+
+
 @pytest.mark.parametrize("at", range(0, 13))
 def test_a_mid_epoch_switch_at_every_point(at):
     """22 samples, batches of 2 with drop_last: 11 batches; k=0 is while the workers start, k=10
