@@ -980,6 +980,24 @@ def test_the_model_s_pick_has_persistent_workers_where_your_run_shows_their_star
     assert (hidden.runs[1].num_workers, bool(hidden.runs[1].persistent_workers)) == (2, False), hidden.runs
 
 
+def test_without_pairs_to_confirm_a_tie_with_yours_keeps_yours():
+    """Live (no confirming pairs), the cheapest of the trials tied with the best wins only where yours is
+    not among them: pytorch/examples' ImageNet script under --autotune (4 workers on 2 cores) settled on
+    2 workers "-4% against your settings" with "no setting beat yours". Offline the pairs decide, and a
+    tie with yours keeps yours there too (``confirmed_or_kept``)."""
+    model = lambda s: with_model(2, speedup=1.2, noise=0.03, data_wait=0.5)
+    rates = {4: 1000.0, 2: 995.0}
+    live = Workload(lambda s: rates.get(s.num_workers or 0, 600.0), noise=0.0, diagnosis=model)
+    result = run_search(live, start(4, prefetch_factor=2), trials_without_gain=2, confirm_pairs=0)
+    assert 2 in [s.num_workers for s in live.runs], live.runs      # the cheaper tie was measured...
+    assert result.best.settings == normalise(start(4, prefetch_factor=2))  # ...and yours kept
+    # Where yours is not among the ties, the cheapest of them still wins
+    cheaper = Workload(lambda s: 500.0 if s.num_workers == 1 else 1000.0, noise=0.0, diagnosis=model)
+    result = run_search(cheaper, start(1, prefetch_factor=2), confirm_pairs=0)
+    assert len({s.num_workers for s in cheaper.runs}) > 2, cheaper.runs  # ties at several counts
+    assert result.best.settings.num_workers == 2, cheaper.runs
+
+
 def test_a_live_search_stops_once_the_model_s_pick_and_one_more_gained_nothing():
     """The CPU-bound bench under --autotune (2026-12-06): your 0 workers at 491 samples/s, the model's
     pick (2 workers) -4%, then 1 worker -34%. Live, each such trial is a period of the run: the search
