@@ -19,14 +19,13 @@ per pair. What autotune said is listed per run.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from own_timer_pairs import run_pairs  # bench/, beside this script
 
 PY = sys.executable
 BATCH_TIME = re.compile(r"^Epoch: \[\d+\]\[\s*\d+/\d+\]\tTime\s+([\d.]+)", re.M)
@@ -77,34 +76,24 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     size = tuple(int(v) for v in args.size.split("x"))
-    lines = ["# bench/autotune_imagenet.py: --autotune on pytorch/examples' imagenet/main.py, by its own timer",
-             "", f"`python bench/autotune_imagenet.py --main {args.main} --pairs {args.pairs} --epochs {args.epochs} "
-             f"--arch {args.arch} --batch-size {args.batch_size} --workers {args.workers} --classes {args.classes} "
-             f"--per-class {args.per_class} --size {args.size}` ({time.strftime('%Y-%m-%d %H:%M')}, "
-             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start)", "",
-             "| pair | plain (s, own timer) | --autotune (s, own timer) | gain | autotune said |", "|---|---|---|---|---|"]
-    gains = []
+    command = (f"python bench/autotune_imagenet.py --main {args.main} --pairs {args.pairs} --epochs {args.epochs} "
+               f"--arch {args.arch} --batch-size {args.batch_size} --workers {args.workers} --classes {args.classes} "
+               f"--per-class {args.per_class} --size {args.size}")
+    batches: set[int] = set()
+
+    def timed(way: str, data: Path, scratch: Path) -> tuple[float, list[str]]:
+        seconds, count, said = run(way, args, data, scratch)
+        batches.add(count)
+        if len(batches) > 1:
+            raise SystemExit(f"the runs printed different numbers of training batches: {sorted(batches)}")
+        return seconds, said
+
     with tempfile.TemporaryDirectory() as tmp:
         data, scratch = Path(tmp) / "images", Path(tmp) / "run"
         scratch.mkdir()
         make_images(data, args.classes, args.per_class, size)
-        for i in range(args.pairs):
-            ways = ["plain", "autotune"] if i % 2 == 0 else ["autotune", "plain"]
-            got = {way: run(way, args, data, scratch) for way in ways}
-            if got["plain"][1] != got["autotune"][1]:
-                raise SystemExit(f"the runs printed {got['plain'][1]} and {got['autotune'][1]} training batches")
-            gain = got["plain"][0] / got["autotune"][0]
-            gains.append(gain)
-            lines.append(f"| {i + 1} | {got['plain'][0]:.2f} | {got['autotune'][0]:.2f} | {gain:.2f}x | "
-                         f"{' / '.join(got['autotune'][2]) or '-'} |")
-            print(lines[-1], flush=True)
-    lines += ["", f"Median gain {statistics.median(gains):.2f}x (range {min(gains):.2f}-{max(gains):.2f}x) over "
-              f"{len(gains)} pairs; the autotuned run's time includes its search."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-
+        run_pairs("bench/autotune_imagenet.py: --autotune on pytorch/examples' imagenet/main.py, by its own timer",
+                  command, args.pairs, lambda way: timed(way, data, scratch), args.out)
 
 if __name__ == "__main__":
     main()

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from own_timer_pairs import run_pairs  # bench/, beside this script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "real" / "scripts" / "image_folder.py"
@@ -44,30 +44,13 @@ def main() -> None:
     ap.add_argument("--per-class", type=int, default=60)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    lines = ["# bench/autotune_restarts.py: --autotune on one non-persistent worker, by the script's own timer",
-             "", f"`python bench/autotune_restarts.py --pairs {args.pairs} --epochs {args.epochs} "
-             f"--per-class {args.per_class}` ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
-             f"load average {os.getloadavg()[0]:.1f} at start)", "",
-             "| pair | plain (s, own timer) | --autotune (s, own timer) | gain | autotune said |", "|---|---|---|---|---|"]
-    gains = []
+    command = (f"python bench/autotune_restarts.py --pairs {args.pairs} --epochs {args.epochs} "
+               f"--per-class {args.per_class}")
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "data")
         run("plain", data, 1, args.per_class)  # makes the images once, outside the pairs
-        for i in range(args.pairs):
-            ways = ["plain", "autotune"] if i % 2 == 0 else ["autotune", "plain"]
-            got = {way: run(way, data, args.epochs, args.per_class) for way in ways}
-            gain = got["plain"][0] / got["autotune"][0]
-            gains.append(gain)
-            lines.append(f"| {i + 1} | {got['plain'][0]:.2f} | {got['autotune'][0]:.2f} | {gain:.2f}x | "
-                         f"{'; '.join(got['autotune'][1]) or '-'} |")
-            print(lines[-1], flush=True)
-    lines += ["", f"Median gain {statistics.median(gains):.2f}x (range {min(gains):.2f}-{max(gains):.2f}x) over "
-              f"{len(gains)} pairs; the autotuned run's time includes its search."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-
+        run_pairs("bench/autotune_restarts.py: --autotune on one non-persistent worker, by the script's own timer",
+                  command, args.pairs, lambda way: run(way, data, args.epochs, args.per_class), args.out)
 
 if __name__ == "__main__":
     main()
