@@ -84,8 +84,9 @@ def random_stream_note(workers_before: int | None, workers_after: int | None) ->
             "on")
 
 
-def epoch_order_note(before: "LoaderSettings", after: "LoaderSettings", sampler: str | None) -> str | None:
-    """What turning persistent workers on or off does beyond speed, or None when it changes nothing.
+def epoch_order_note(persistent_before: bool, persistent_after: bool, sampler: str | None) -> str | None:
+    """What turning persistent workers on or off does beyond speed, or None when it changes nothing
+    (``persistent_*``: whether the loader keeps workers between epochs, ``LoaderSettings.keeps_workers``).
 
     Each new DataLoader iterator draws its workers' base seed from torch's generator (the global one,
     or the loader's ``generator``), and ``RandomSampler`` draws each epoch's shuffle from the same one: a
@@ -94,14 +95,11 @@ def epoch_order_note(before: "LoaderSettings", after: "LoaderSettings", sampler:
     tests/real/test_seeded_shuffle.py; ``--autotune`` replays the plain run's draws and keeps its order.
     ``sampler``: the training loader's (``RandomSampler`` where it shuffles; None: not known, said on
     that condition)."""
-    def persists(settings: LoaderSettings) -> bool:
-        return bool(settings.persistent_workers) and bool(settings.num_workers)
-
-    if persists(before) == persists(after) or (sampler is not None and sampler != "RandomSampler"):
+    if persistent_before == persistent_after or (sampler is not None and sampler != "RandomSampler"):
         return None
-    how = "once, not every epoch" if persists(after) else "every epoch, not once"
+    how = "once, not every epoch" if persistent_after else "every epoch, not once"
     condition = "" if sampler else " with shuffle=True"
-    return (f"persistent_workers={persists(after)} keeps every sample of each epoch, but a seeded run "
+    return (f"persistent_workers={persistent_after} keeps every sample of each epoch, but a seeded run "
             f"(torch.manual_seed){condition} shuffles them in another order from its second epoch on: the "
             f"loader then draws its workers' seed from torch's generator {how}, and the shuffle draws from "
             "the same generator")
@@ -128,6 +126,11 @@ class LoaderSettings:
     # False: batches handed over as soon as any worker has one (torch >= 2.6); tried only where the user
     # allows reordering (tune --allow-reorder): the order of batches is given up (REORDER_NOTE)
     in_order: bool | None = None
+
+    @property
+    def keeps_workers(self) -> bool:
+        """Workers kept between epochs: persistent_workers with workers (without, it means nothing)."""
+        return bool(self.persistent_workers) and bool(self.num_workers)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -12,7 +12,7 @@ from gpufeed.cli.common import (EXIT_COMMAND_FAILED, EXIT_FOR_END, EXIT_INTERNAL
                                 EXIT_USAGE, dir_problem, print_all, say_error, say_note, write_json,
                                 write_report_option, write_tensorboard)
 from gpufeed.record import schema
-from gpufeed.settings import LoaderSettings, epoch_order_note
+from gpufeed.settings import epoch_order_note
 
 def diagnose(command: list[str], args: argparse.Namespace, console: Console) -> int:
     from gpufeed.measure.processes import StopSignals
@@ -232,8 +232,8 @@ def _stream_note(path: Path, workers: int | None, persistent: bool | None) -> st
                      f"(torch.manual_seed) gets other augmented batches and its loss curve differs from batch "
                      f"min(yours, {workers}) + 1 on")
     if persistent is not None:
-        mine, yours = (LoaderSettings(num_workers=1, persistent_workers=p) for p in (persistent, not persistent))
-        notes.append(f"if your script's persistent_workers is not {persistent}: {epoch_order_note(yours, mine, None)}")
+        notes.append(f"if your script's persistent_workers is not {persistent}: "
+                     f"{epoch_order_note(not persistent, persistent, None)}")
     return "; ".join(notes) or None
 
 

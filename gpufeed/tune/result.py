@@ -247,7 +247,8 @@ class TuneResult:
             return None
         before, after = self.baseline.settings, self.best.settings
         notes = (random_stream_note(before.num_workers, after.num_workers),
-                 epoch_order_note(before, after, shuffling_sampler(self.training_config or {})))
+                 epoch_order_note(before.keeps_workers, after.keeps_workers,
+                                  shuffling_sampler(self.training_config or {})))
         return "; ".join(n for n in notes if n) or None
 
 

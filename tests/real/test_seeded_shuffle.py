@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from gpufeed.settings import LoaderSettings, epoch_order_note
+from gpufeed.settings import epoch_order_note
 
 
 def epochs(persistent: bool, generator: bool = False, distributed: bool = False) -> list[list[int]]:
@@ -36,12 +36,10 @@ def test_persistent_workers_reorder_a_seeded_shuffle_from_the_second_epoch(gener
     assert persistent[0] == plain[0]
     assert persistent[1] != plain[1] and persistent[2] != plain[2]
     assert all(sorted(order) == list(range(24)) for order in persistent + plain)
-    note = epoch_order_note(LoaderSettings(num_workers=2, persistent_workers=False),
-                            LoaderSettings(num_workers=2, persistent_workers=True), "RandomSampler")
+    note = epoch_order_note(False, True, "RandomSampler")
     assert note is not None and "from its second epoch on" in note
 
 
 def test_a_distributed_sampler_keeps_its_order():
     assert epochs(True, distributed=True) == epochs(False, distributed=True)
-    assert epoch_order_note(LoaderSettings(num_workers=2, persistent_workers=False),
-                            LoaderSettings(num_workers=2, persistent_workers=True), "DistributedSampler") is None
+    assert epoch_order_note(False, True, "DistributedSampler") is None

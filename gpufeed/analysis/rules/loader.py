@@ -13,7 +13,7 @@ from gpufeed.analysis.rules.facts import (cpu_ms_per_sample, host_saturated, inp
 from gpufeed.analysis.rules.wording import (change, cores, others_sentence, restart_sentence, tune_hint,
                                             wait_evidence, wait_sentence)
 from gpufeed.analysis.offload_sizing import cores_needed
-from gpufeed.settings import LoaderSettings, epoch_order_note, shuffling_sampler
+from gpufeed.settings import epoch_order_note, shuffling_sampler
 from gpufeed.units import fmt
 
 
@@ -233,7 +233,5 @@ def worker_restart(ctx: Context) -> Finding | None:
 def _order_caveat(config: dict) -> str:
     """A sentence on what persistent workers change in a seeded shuffle, where the loader's sampler may
     shuffle (``settings.epoch_order_note``); "" where it does not."""
-    workers = config.get("num_workers") or 0
-    note = epoch_order_note(LoaderSettings(num_workers=workers, persistent_workers=False),
-                            LoaderSettings(num_workers=workers, persistent_workers=True), shuffling_sampler(config))
+    note = epoch_order_note(False, True, shuffling_sampler(config))
     return f" {note}." if note else ""
